@@ -1,0 +1,224 @@
+"""The launcher: backend choice, notebook functions, output, failures, hangs, no orphans."""
+import os
+import time
+
+import pytest
+
+from helpers import launcher
+from helpers.launcher import LaunchTimeout, RankError, launch, plan_ranks
+
+
+# ---- backend and device selection, with the GPU count faked --------------------------------
+
+def test_no_gpu_gives_gloo_on_four_cpu_ranks():
+    plan = plan_ranks(gpus=0)
+    assert (plan.backend, plan.device_type, plan.world_size) == ("gloo", "cpu", 4)
+    assert "no GPU found" in plan.describe()
+
+
+def test_gpus_give_nccl_one_rank_per_gpu():
+    plan = plan_ranks(gpus=8)
+    assert (plan.backend, plan.device_type, plan.world_size) == ("nccl", "cuda", 8)
+    assert plan_ranks(world_size=2, gpus=8).world_size == 2
+
+
+def test_more_ranks_than_gpus_falls_back_to_cpu_and_says_so():
+    plan = plan_ranks(world_size=4, gpus=2)
+    assert (plan.backend, plan.device_type, plan.world_size) == ("gloo", "cpu", 4)
+    assert "only 2 GPU(s)" in plan.describe()
+
+
+def test_forced_gloo_ignores_gpus():
+    assert plan_ranks(world_size=2, backend="gloo", gpus=4).device_type == "cpu"
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"world_size": 0, "gpus": 0}, "world_size must be an integer >= 1"),
+        ({"world_size": -3, "gpus": 0}, "world_size must be an integer >= 1"),
+        ({"world_size": 2.0, "gpus": 0}, "world_size must be an integer >= 1"),
+        ({"backend": "mpi", "gpus": 0}, "unknown backend 'mpi': allowed are"),
+        ({"backend": "nccl", "gpus": 0}, "needs at least one GPU"),
+        ({"backend": "nccl", "world_size": 4, "gpus": 2}, "world_size=4 needs 4 GPUs, 2 visible"),
+        ({"world_size": 1000, "gpus": 0}, "more than this launcher allows"),
+    ],
+)
+def test_bad_input_is_rejected_with_the_constraint(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        plan_ranks(**kwargs)
+
+
+def test_launch_rejects_bad_arguments_before_starting_anything():
+    with pytest.raises(ValueError, match="fn must be callable"):
+        launch(42)
+    with pytest.raises(ValueError, match="timeout must be a positive"):
+        launch(print, timeout=0)
+
+
+# ---- running for real on CPU ranks -----------------------------------------------------------
+
+def _allreduce_rank_plus_one():
+    import torch
+    import torch.distributed as dist
+
+    t = torch.full((256,), float(dist.get_rank() + 1))
+    dist.all_reduce(t)
+    print(f"sum={t[0].item():g}")
+    return {"rank": dist.get_rank(), "sum": t[0].item()}
+
+
+def test_results_output_and_comm_log_come_back(capsys):
+    run = launch(_allreduce_rank_plus_one, world_size=4)
+    assert [r["rank"] for r in run.results] == [0, 1, 2, 3]
+    assert all(r["sum"] == 10.0 for r in run.results)
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].startswith("backend=gloo device=cpu world_size=4")
+    assert [l for l in out.splitlines() if l.startswith("[rank")] == [f"[rank {r}] sum=10" for r in range(4)]
+    for r in range(4):
+        (op,) = run.comm[r]
+        assert (op.op, op.bytes, op.group_size) == ("all_reduce", 256 * 4, 4)
+        assert op.model_sent == pytest.approx(2 * 3 / 4 * 1024)
+
+
+def test_a_repeated_launch_reuses_the_workers():
+    launch(_allreduce_rank_plus_one, world_size=2, quiet=True)
+    pids = launcher.live_worker_pids()
+    run = launch(_allreduce_rank_plus_one, world_size=2, quiet=True)
+    assert not run.started_pool and launcher.live_worker_pids() == pids
+    assert run.wall_s < 3.0  # the issue's target is a benchmark; this only catches a relaunch
+
+
+NOTEBOOK_CELL = '''
+import torch, torch.distributed as dist
+SCALE = 3.0
+def notebook_worker(x):
+    t = torch.tensor([x * SCALE * (dist.get_rank() + 1)])
+    dist.all_reduce(t)
+    return t.item()
+'''
+
+
+def test_a_function_defined_in_a_notebook_main_module_runs():
+    namespace = {"__name__": "__main__"}
+    exec(NOTEBOOK_CELL, namespace)  # what a notebook cell does: the function lives in __main__
+    fn = namespace["notebook_worker"]
+    assert fn.__module__ == "__main__"
+    run = launch(fn, 2.0, world_size=3, quiet=True)
+    assert run.results == [2.0 * 3.0 * 6] * 3
+
+
+def _spans_and_p2p():
+    import torch
+    import torch.distributed as dist
+
+    from helpers.commlog import span
+
+    rank, n = dist.get_rank(), dist.get_world_size()
+    with span("compute"):
+        t = torch.arange(10, dtype=torch.float64)
+    with span("comm"):
+        if rank == 0:
+            dist.send(t, 1)
+        elif rank == 1:
+            dist.recv(t, 0)
+    return t.sum().item()
+
+
+def test_spans_and_point_to_point_bytes_are_recorded():
+    run = launch(_spans_and_p2p, world_size=2, quiet=True)
+    assert run.bytes_sent(0) == 80 and run.bytes_sent(1) == 0
+    assert run.count("recv", rank=1) == 1
+    assert [s.name for s in run.spans[0]] == ["compute", "comm"]
+    assert all(s.end >= s.start >= 0 for s in run.spans[0])
+
+
+# ---- bounded failure -------------------------------------------------------------------------
+
+def _rank_two_raises():
+    import torch
+    import torch.distributed as dist
+
+    if dist.get_rank() == 2:
+        print("about to fail")
+        raise ZeroDivisionError("rank two divides by zero")
+    t = torch.ones(4)
+    dist.all_reduce(t)  # the others wait here for rank 2, which never comes
+    return 1
+
+
+def test_a_raising_rank_raises_with_its_number_and_traceback_quickly(capsys):
+    t0 = time.monotonic()
+    with pytest.raises(RankError) as info:
+        launch(_rank_two_raises, world_size=4, timeout=20, quiet=True)
+    elapsed = time.monotonic() - t0
+    assert info.value.rank == 2
+    assert "ZeroDivisionError: rank two divides by zero" in str(info.value)
+    assert "_rank_two_raises" in info.value.remote_traceback
+    assert elapsed < 8, elapsed  # not the 20 s collective timeout
+    assert "[rank 2] about to fail" in capsys.readouterr().out
+    assert launcher.live_worker_pids() == []
+    assert launch(_allreduce_rank_plus_one, world_size=2, quiet=True).results[0]["sum"] == 3.0
+
+
+def _rank_one_skips_the_collective():
+    import torch
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        time.sleep(60)  # busy elsewhere, never joins the collective (and keeps its connections)
+    else:
+        dist.all_reduce(torch.ones(2))
+    return dist.get_rank()
+
+
+def test_a_rank_stuck_in_a_collective_fails_after_the_timeout():
+    t0 = time.monotonic()
+    with pytest.raises(RankError, match="rank 0 raised") as info:
+        launch(_rank_one_skips_the_collective, world_size=2, timeout=3, quiet=True)
+    elapsed = time.monotonic() - t0
+    assert "timed out" in str(info.value).lower()
+    assert 2.5 < elapsed < 12, elapsed
+    assert launcher.live_worker_pids() == []
+
+
+def _rank_zero_loops_forever():
+    import torch.distributed as dist
+
+    if dist.get_rank() == 0:
+        print("spinning")
+        while True:
+            time.sleep(0.05)
+    return 0
+
+
+def test_a_hung_rank_outside_collectives_is_killed_after_the_timeout():
+    t0 = time.monotonic()
+    with pytest.raises(LaunchTimeout) as info:
+        launch(_rank_zero_loops_forever, world_size=2, timeout=2, quiet=True)
+    elapsed = time.monotonic() - t0
+    assert info.value.ranks == [0]
+    assert "spinning" in str(info.value)
+    assert elapsed < 2 + launcher._GRACE + 3, elapsed
+    assert launcher.live_worker_pids() == []
+
+
+def test_no_worker_outlives_shutdown():
+    launch(_allreduce_rank_plus_one, world_size=2, quiet=True)
+    pids = launcher.live_worker_pids()
+    assert len(pids) >= 2
+    launcher.shutdown()
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            _wait_gone(pid)
+            os.kill(pid, 0)
+
+
+def _wait_gone(pid, limit=5.0):
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < limit:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
