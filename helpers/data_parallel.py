@@ -149,3 +149,82 @@ def ddp_train_worker(steps: int = 5, batch: int = 32, lr: float = 0.1, seed: int
         (loss * scale).backward()
         opt.step()
     return {"params": [p.detach().clone() for p in model.parameters()], "shard": sizes[rank]}
+
+
+# ---- 12.1.1: what a naive-DDP rank holds, and gradient accumulation with no_sync -------------
+
+def mixed_precision_ddp_worker(sizes=(64, 256, 256, 8), steps: int = 2, batch: int = 16, seed: int = 0):
+    """Naive DDP with the bf16 mixed-precision AdamW recipe of 12.1.1, measured on each rank.
+
+    The model's weights and gradients are bf16; AdamW updates fp32 master copies and keeps two fp32
+    moments per parameter. DDP uses ``gradient_as_bucket_view`` so the gradients live in its
+    communication buckets and are not stored twice. Returns the parameter count and the bytes this
+    rank holds per component after ``steps`` steps (see :func:`helpers.memory.measure_model_state`).
+    """
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from .memory import measure_model_state
+
+    torch.manual_seed(seed)
+    layers = []
+    for a, b in zip(sizes[:-1], sizes[1:]):
+        layers += [torch.nn.Linear(a, b), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers[:-1]).to(torch.bfloat16)
+    ddp = DDP(model, gradient_as_bucket_view=True)
+    master = [p.detach().float().clone().requires_grad_(True) for p in model.parameters()]
+    opt = torch.optim.AdamW(master, lr=1e-3)
+    g = torch.Generator().manual_seed(seed + 1 + dist.get_rank())
+    for _ in range(steps):
+        x = torch.randn(batch, sizes[0], generator=g).to(torch.bfloat16)
+        ddp(x).float().pow(2).mean().backward()  # DDP all-reduces the bf16 gradients
+        for m, p in zip(master, model.parameters()):
+            m.grad = p.grad.float()
+        opt.step()
+        for m, p in zip(master, model.parameters()):
+            m.grad = None  # the fp32 gradient copy is transient
+            p.data.copy_(m.data)  # bf16 weights follow the fp32 master copy
+    n_params = sum(p.numel() for p in model.parameters())
+    return {"n_params": n_params, "held": measure_model_state(list(model.parameters()), opt, master)}
+
+
+def accumulation_worker(micro_batches: int = 4, use_no_sync: bool = True, micro: int = 8, seed: int = 0):
+    """Gradient accumulation over ``micro_batches`` with DDP, with or without ``no_sync`` (12.1.1).
+
+    Without ``no_sync`` DDP all-reduces after every micro-batch's backward; with it, only after the
+    last one. Both end with the same accumulated gradient. Returns the gradient (flattened).
+    """
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    if micro_batches < 1:
+        raise ValueError(f"micro_batches must be >= 1, got {micro_batches}")
+    ddp = DDP(make_model(seed))
+    X, y = make_batches(micro_batches, micro * dist.get_world_size(), seed=seed + 1)
+    rank = slice(dist.get_rank() * micro, (dist.get_rank() + 1) * micro)
+    for k in range(micro_batches):
+        last = k == micro_batches - 1
+        ctx = ddp.no_sync() if (use_no_sync and not last) else _nullcontext()
+        with ctx:
+            loss = torch.nn.functional.mse_loss(ddp(X[k][rank]), y[k][rank]) / micro_batches
+            loss.backward()
+    return torch.cat([p.grad.reshape(-1) for p in ddp.parameters()])
+
+
+def accumulated_gradient_single(micro_batches: int = 4, world: int = 4, micro: int = 8, seed: int = 0):
+    """Reference for :func:`accumulation_worker`: the same accumulation on one process."""
+    import torch
+
+    model = make_model(seed)
+    X, y = make_batches(micro_batches, micro * world, seed=seed + 1)
+    for k in range(micro_batches):
+        (torch.nn.functional.mse_loss(model(X[k]), y[k]) / micro_batches).backward()
+    return torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+
+
+def _nullcontext():
+    from contextlib import nullcontext
+
+    return nullcontext()

@@ -1,8 +1,9 @@
 """The errata list: where the chapters' numbers or definitions are wrong, with the correct value.
 
 Serves every notebook (step 2 of "What every notebook does"): each notebook recomputes its
-section's worked examples and renders its section's rows of ``data/errata.csv`` with
-:func:`show`. One row per claim: ``id, section, claim, book_value, computed_value, verdict, why``.
+section's worked examples and renders its section's rows with :func:`show`. The list lives in
+``data/errata/``, one CSV file per notebook (so that work on two sections never edits the same
+file); together they are one table. One row per claim: ``id, section, claim, book_value, computed_value, verdict, why``.
 Verdicts: ``wrong`` (arithmetic or fact), ``inconsistent`` (a definition or unit that changes
 between places), ``imprecise`` (right to within a rounding or an approximation the book does not
 state).
@@ -14,11 +15,11 @@ from pathlib import Path
 
 COLUMNS = ("id", "section", "claim", "book_value", "computed_value", "verdict", "why")
 VERDICTS = ("wrong", "inconsistent", "imprecise")
-ERRATA_CSV = Path(__file__).resolve().parent.parent / "data" / "errata.csv"
+ERRATA_DIR = Path(__file__).resolve().parent.parent / "data" / "errata"
 
 
-def load(path: Path | str = ERRATA_CSV) -> list[dict[str, str]]:
-    """Every row of the errata file, checked for its columns and verdicts."""
+def load_file(path: Path | str) -> list[dict[str, str]]:
+    """The rows of one errata CSV, checked for its columns and verdicts."""
     with open(path, newline="", encoding="utf-8") as f:
         reader = csv.DictReader(f)
         if tuple(reader.fieldnames or ()) != COLUMNS:
@@ -30,9 +31,19 @@ def load(path: Path | str = ERRATA_CSV) -> list[dict[str, str]]:
     return rows
 
 
-def for_section(section: str, path: Path | str = ERRATA_CSV) -> list[dict[str, str]]:
+def load(directory: Path | str = ERRATA_DIR) -> list[dict[str, str]]:
+    """Every row of every errata file; ValueError on a repeated id."""
+    rows = [row for p in sorted(Path(directory).glob("*.csv")) for row in load_file(p)]
+    ids = [r["id"] for r in rows]
+    dup = sorted({i for i in ids if ids.count(i) > 1})
+    if dup:
+        raise ValueError(f"errata ids must be unique; repeated: {dup}")
+    return rows
+
+
+def for_section(section: str, directory: Path | str = ERRATA_DIR) -> list[dict[str, str]]:
     """The rows for one section id, e.g. ``"12.1.1"`` or ``"P.7"``."""
-    return [r for r in load(path) if r["section"] == section]
+    return [r for r in load(directory) if r["section"] == section]
 
 
 def as_markdown(rows: list[dict[str, str]]) -> str:

@@ -29,3 +29,72 @@ def timeline(run, ax=None, title: str = "per-rank timeline"):
     if names:
         ax.legend(loc="upper right", fontsize=8)
     return ax
+
+
+def ring_state(state, ax=None):
+    """Draw one step of a ring all-reduce (P.7): devices x chunks with their values.
+
+    ``state`` is a :class:`helpers.collectives.RingStep`; the chunks changed in this step are
+    highlighted, and the sends are listed under the grid.
+    """
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    n, _, length = state.chunks.shape
+    if ax is None:
+        _, ax = plt.subplots(figsize=(1.3 * n + 1, 0.6 * n + 1.2))
+    changed = {(dst, c) for _, dst, c in state.sends}
+    color = "#f6c85f" if state.phase == "reduce-scatter" else "#9dd9d2"
+    for d in range(n):
+        for c in range(n):
+            face = color if (d, c) in changed else "white"
+            ax.add_patch(plt.Rectangle((c, d), 1, 1, facecolor=face, edgecolor="k"))
+            vals = state.chunks[d, c]
+            text = " ".join(f"{v:g}" for v in vals) if length <= 2 else f"{vals[0]:g}.."
+            ax.text(c + 0.5, d + 0.5, text, ha="center", va="center", fontsize=9)
+    ax.set_xlim(0, n), ax.set_ylim(n, 0)
+    ax.set_xticks(np.arange(n) + 0.5, [f"chunk {c}" for c in range(n)])
+    ax.set_yticks(np.arange(n) + 0.5, [f"device {d}" for d in range(n)])
+    ax.tick_params(length=0)
+    title = "start" if state.phase == "start" else f"{state.phase} step {state.step} of {n - 1}"
+    sends = ", ".join(f"{s}→{t}:c{c}" for s, t, c in state.sends)
+    ax.set_title(title + (f"\nsends {sends}" if sends else ""), fontsize=9)
+    return ax
+
+
+def alpha_beta_fit(sizes, measured, model, ax=None, label="all-reduce"):
+    """Measured time per message size beside the fitted α-β model, log-log (P.7)."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 3.5))
+    ax.loglog(sizes, measured, "o", label=f"{label}, measured (median)")
+    ax.loglog(sizes, model, "-", label="α-β model, fitted")
+    ax.set_xlabel("message size S (bytes)")
+    ax.set_ylabel("time (s)")
+    ax.legend()
+    return ax
+
+
+def memory_bars(per_device: dict, hbm_bytes: float | None = None, ax=None, title: str = ""):
+    """Stacked bars of per-device model-state memory by component, in GB (12.1.1, 12.1.2).
+
+    ``per_device`` maps a bar label to a component dict from :func:`helpers.memory.per_device_bytes`.
+    """
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 3.5))
+    labels = list(per_device)
+    components = list(next(iter(per_device.values())))
+    bottom = [0.0] * len(labels)
+    for comp in components:
+        vals = [per_device[l][comp] / 1e9 for l in labels]
+        ax.bar(labels, vals, bottom=bottom, label=comp)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    if hbm_bytes:
+        ax.axhline(hbm_bytes / 1e9, color="r", ls="--", label=f"device memory {hbm_bytes / 1e9:g} GB")
+    ax.set_ylabel("GB per device")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    return ax

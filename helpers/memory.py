@@ -1,0 +1,153 @@
+"""Memory accounting for data-parallel training (12.1.1 naive DDP; 12.1.2 ZeRO stages).
+
+Bytes per parameter, split by component, for a precision recipe and an optimizer; per-device
+model-state memory for a world size and a ZeRO stage (0 = naive DDP, every device holds it all);
+and the measurement of what a real PyTorch model and optimizer hold, to put beside the model.
+
+Units: sizes in bytes; the chapters' "GB" is decimal (1e9 bytes), and so is :data:`GB`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GB = 1e9
+
+# precision recipe -> bytes per parameter of (weights, gradients, fp32 master copy, each optimizer moment)
+PRECISIONS = {
+    "bf16-mixed": (2, 2, 4, 4),  # bf16 weights and grads, fp32 master weights and moments (12.1.1)
+    "fp16-mixed": (2, 2, 4, 4),  # the ZeRO paper's recipe: same byte counts
+    "fp32": (4, 4, 0, 4),  # everything in fp32; the weights are the master copy
+    "bf16": (2, 2, 0, 2),  # pure bf16: no master copy, moments in bf16
+}
+# optimizer -> number of moment tensors per parameter
+OPTIMIZERS = {"adamw": 2, "adam": 2, "sgd-momentum": 1, "sgd": 0}
+COMPONENTS = ("weights", "gradients", "master", "moments")
+
+
+@dataclass(frozen=True)
+class BytesPerParam:
+    """Bytes per parameter by component; ``total`` is their sum (16 for bf16-mixed AdamW)."""
+
+    weights: float
+    gradients: float
+    master: float
+    moments: float
+
+    @property
+    def optimizer_state(self) -> float:
+        """Master copy plus moments: the ZeRO paper's K (12 for mixed-precision Adam)."""
+        return self.master + self.moments
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.gradients + self.master + self.moments
+
+
+def bytes_per_param(precision: str = "bf16-mixed", optimizer: str = "adamw") -> BytesPerParam:
+    """Bytes each parameter costs in model state (12.1.1): weights, gradients, master, moments."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}: allowed are {sorted(PRECISIONS)}")
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {optimizer!r}: allowed are {sorted(OPTIMIZERS)}")
+    w, g, master, moment = PRECISIONS[precision]
+    return BytesPerParam(w, g, master, OPTIMIZERS[optimizer] * moment)
+
+
+def _check_counts(n_params, world_size):
+    if not n_params > 0:
+        raise ValueError(f"n_params must be positive, got {n_params}")
+    if not (isinstance(world_size, int) and world_size >= 1):
+        raise ValueError(f"world_size must be an integer >= 1, got {world_size!r}")
+
+
+def per_device_bytes(
+    n_params: float, world_size: int = 1, zero_stage: int = 0, precision: str = "bf16-mixed", optimizer: str = "adamw"
+) -> dict[str, float]:
+    """Model-state bytes one device holds, by component, under ZeRO stage 0-3 (12.1.1, 12.1.2).
+
+    Stage 0 is naive DDP (nothing sharded); stage 1 shards the optimizer state (master + moments)
+    over ``world_size`` devices, stage 2 the gradients too, stage 3 the weights too.
+    Activations are not model state and are not counted.
+    """
+    _check_counts(n_params, world_size)
+    if zero_stage not in (0, 1, 2, 3):
+        raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
+    b = bytes_per_param(precision, optimizer)
+    shard = lambda stage: world_size if zero_stage >= stage else 1
+    return {
+        "weights": n_params * b.weights / shard(3),
+        "gradients": n_params * b.gradients / shard(2),
+        "master": n_params * b.master / shard(1),
+        "moments": n_params * b.moments / shard(1),
+    }
+
+
+def per_device_total(n_params: float, world_size: int = 1, zero_stage: int = 0, precision="bf16-mixed", optimizer="adamw") -> float:
+    """Sum of :func:`per_device_bytes`."""
+    return sum(per_device_bytes(n_params, world_size, zero_stage, precision, optimizer).values())
+
+
+def max_params_that_fit(device_bytes: float, world_size: int = 1, zero_stage: int = 0, precision="bf16-mixed", optimizer="adamw", reserve_bytes: float = 0.0) -> float:
+    """Largest parameter count whose model state fits in ``device_bytes - reserve_bytes``."""
+    if device_bytes <= 0 or reserve_bytes < 0 or reserve_bytes >= device_bytes:
+        raise ValueError("need device_bytes > reserve_bytes >= 0")
+    return (device_bytes - reserve_bytes) / per_device_total(1.0, world_size, zero_stage, precision, optimizer)
+
+
+def allreduce_bytes_per_rank(n_params: float, world_size: int, grad_bytes: int = 2) -> float:
+    """Bytes each rank sends in a ring all-reduce of the gradients: 2(M-1)/M * |theta| * grad_bytes."""
+    _check_counts(n_params, world_size)
+    return 2 * (world_size - 1) / world_size * n_params * grad_bytes
+
+
+def min_tokens_per_gpu(n_params: float, allreduce_s: float, flops_per_s: float, ratio: float = 3.0) -> float:
+    """Tokens each GPU must process per step so that compute is ``ratio`` x the all-reduce time.
+
+    12.1.1's rule of thumb (compute at least 2-3x the all-reduce), with the usual estimate of
+    6 * n_params FLOPs per token for forward plus backward.
+    """
+    if min(n_params, allreduce_s, flops_per_s, ratio) <= 0:
+        raise ValueError("n_params, allreduce_s, flops_per_s and ratio must all be positive")
+    return ratio * allreduce_s * flops_per_s / (6 * n_params)
+
+
+# ---- measuring what real tensors hold (inside a rank or in one process) ---------------------
+
+def tensor_bytes(tensors) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (a shared storage counts once)."""
+    seen, total = set(), 0
+    for t in tensors:
+        if t is None:
+            continue
+        key = t.untyped_storage().data_ptr()
+        if key in seen:
+            continue
+        seen.add(key)
+        total += t.untyped_storage().nbytes()
+    return total
+
+
+def measure_model_state(params, optimizer=None, master=None) -> dict[str, int]:
+    """Bytes a process holds, by component: weights, gradients, master copy, optimizer moments.
+
+    ``params`` are the model's parameters (their ``.grad`` count as gradients); ``master`` the
+    fp32 copies a mixed-precision recipe keeps (if any); ``optimizer`` a torch optimizer whose
+    per-parameter state tensors (Adam's ``exp_avg`` and ``exp_avg_sq``...) count as moments.
+    Scalar step counters are reported apart as ``counters``.
+    """
+    import torch
+
+    params = list(params)
+    moments, counters = [], []
+    if optimizer is not None:
+        for state in optimizer.state.values():
+            for v in state.values():
+                if isinstance(v, torch.Tensor):
+                    (counters if v.numel() == 1 else moments).append(v)
+    return {
+        "weights": tensor_bytes(params),
+        "gradients": tensor_bytes(p.grad for p in params),
+        "master": tensor_bytes(master or []),
+        "moments": tensor_bytes(moments),
+        "counters": tensor_bytes(counters),
+    }
