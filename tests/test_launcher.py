@@ -222,3 +222,80 @@ def _wait_gone(pid, limit=5.0):
         except ProcessLookupError:
             return
         time.sleep(0.05)
+
+
+def _sleepy(seconds):
+    time.sleep(seconds)
+    return 0
+
+
+def test_an_interrupt_in_the_notebook_ends_every_worker():
+    import _thread
+    import threading
+
+    launch(_allreduce_rank_plus_one, world_size=2, quiet=True)  # a warm pool
+    timer = threading.Timer(1.0, _thread.interrupt_main)  # what the Jupyter stop button does
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            launch(_sleepy, 30, world_size=2, quiet=True)
+    finally:
+        timer.cancel()
+    assert launcher.live_worker_pids() == []
+
+
+def _counts_with_comm_debug_mode():
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    n = dist.get_world_size()
+    x = torch.ones(4 * n)
+    with CommDebugMode() as mode:
+        dist.all_reduce(x)
+        dist.all_reduce(x)
+        out = torch.empty(4 * n * n)
+        dist.all_gather_single(out, x)
+        piece = torch.empty(4)
+        dist.reduce_scatter_single(piece, x)
+    return {str(k): v for k, v in mode.get_comm_counts().items()}
+
+
+def test_the_comm_log_agrees_with_pytorchs_comm_debug_mode():
+    run = launch(_counts_with_comm_debug_mode, world_size=2, quiet=True)
+    theirs = run.results[0]
+    ours = {op: run.count(op) for op in ("all_reduce", "all_gather", "reduce_scatter")}
+    assert ours == {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1}
+    assert sum(theirs.values()) == sum(ours.values()), theirs
+    assert theirs.get("c10d.allreduce_", theirs.get("c10d.allreduce_.default")) == 2, theirs
+    n = 2
+    assert [o.bytes for o in run.comm[0]] == [16 * n, 16 * n, 16 * n * n, 16 * n]
+
+
+TWO_KERNELS = """
+from helpers.launcher import launch
+def w(k):
+    import torch, torch.distributed as dist
+    t = torch.tensor([float(k)])
+    dist.all_reduce(t)
+    return t.item()
+if __name__ == "__main__":
+    for _ in range(3):
+        run = launch(w, {k}, world_size=3, quiet=True)
+        assert run.results == [3.0 * {k}] * 3, run.results
+    print("ok {k}")
+"""
+
+
+def test_two_kernels_launching_at_once_do_not_collide(tmp_path):
+    import subprocess
+    import sys
+
+    procs = []
+    for k in (1, 2):
+        script = tmp_path / f"kernel{k}.py"
+        script.write_text(TWO_KERNELS.replace("{k}", str(k)))
+        procs.append(subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=120) for p in procs]
+    for k, (p, (out, err)) in zip((1, 2), zip(procs, outs)):
+        assert p.returncode == 0 and f"ok {k}" in out, err[-2000:]
