@@ -1,5 +1,6 @@
-"""Student editions: every notebook has checked exercises; the student copy stubs the solutions,
-keeps the checks, and runs up to the first exercise, whose check fails with a helpful message."""
+"""Student editions: every notebook has checked exercises in nbgrader's form; the student copy
+stubs the solutions, keeps the checks, and runs up to the first exercise, whose check fails with
+a helpful message (not a crash)."""
 import re
 
 import nbformat
@@ -14,15 +15,23 @@ IDS = [p.stem for p in NOTEBOOKS]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
-def test_every_notebook_has_at_least_three_checked_exercises(path):
+def test_every_notebook_has_at_least_three_checked_exercises_in_nbgrader_form(path):
     nb = nbformat.read(path, as_version=4)
-    cells = student.solution_cells(nb)
-    assert len(cells) >= 3, f"{path.name}: {len(cells)} exercises"
-    for cell in cells:
-        before, _, rest = cell.source.partition(student.BEGIN)
-        _, _, after = rest.partition(student.END)
-        assert re.search(r"^\w+ = None\s*$", before, re.M), f"no `answer = None` before the solution:\n{cell.source}"
-        assert re.search(r"\b\w+\.ex\d+\(", after), f"no check after the solution:\n{cell.source}"
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    answers = student.solution_cells(nb)
+    assert len(answers) >= 3, f"{path.name}: {len(answers)} exercises"
+    ids = []
+    for cell in answers:
+        meta = cell.metadata.get("nbgrader", {})
+        assert meta.get("solution") and not meta.get("grade"), cell.source
+        assert re.search(r"^\w+ = None\s*$", cell.source.partition(student.BEGIN)[0], re.M), cell.source
+        assert cell.source.rstrip().endswith(student.END), cell.source
+        check = code[code.index(cell) + 1]
+        cmeta = check.metadata.get("nbgrader", {})
+        assert cmeta.get("grade") and cmeta.get("locked") and cmeta.get("points", 0) > 0, check.source
+        assert re.search(r"\b\w+\.ex\d+\(", check.source), check.source
+        ids += [meta["grade_id"], cmeta["grade_id"]]
+    assert len(ids) == len(set(ids)), "nbgrader grade ids must be unique within a notebook"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
@@ -35,15 +44,22 @@ def test_student_edition_stubs_solutions_and_keeps_checks(path):
             assert new.outputs == [] and new.execution_count is None
         if orig.cell_type == "code" and student.BEGIN in orig.source:
             assert student.BEGIN not in new.source and student.STUB.strip() in new.source
-            check = orig.source.partition(student.END)[2].strip()
-            assert new.source.rstrip().endswith(check)
+            assert new.source.startswith(orig.source.partition(student.BEGIN)[0])  # `answer = None` kept
         else:
-            assert new.source == orig.source
+            assert new.source == orig.source  # checks and everything else unchanged
 
 
 def test_build_writes_every_notebook(tmp_path):
     written = student.build(tmp_path)
     assert sorted(p.relative_to(tmp_path) for p in written) == sorted(p.relative_to(student.NOTEBOOKS) for p in NOTEBOOKS)
+
+
+def test_mark_exercises_splits_answer_and_check_once():
+    src = f"a = None\n{student.BEGIN}\na = 1\n{student.END}\ncheck.ex1(a)"
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(src)])
+    nb = student.mark_exercises(student.mark_exercises(nb, "t"), "t")
+    assert [c.source for c in nb.cells] == [f"a = None\n{student.BEGIN}\na = 1\n{student.END}", "check.ex1(a)"]
+    assert nb.cells[1].metadata["nbgrader"]["grade_id"] == "t-ex1-check"
 
 
 def test_unbalanced_markers_are_rejected():
@@ -61,5 +77,5 @@ def test_student_edition_runs_to_the_first_exercise_and_fails_helpfully(path, tm
     assert info.value.ename == "NotAnswered", info.value.evalue
     assert "not answered yet" in info.value.evalue
     failed = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and any(o.output_type == "error" for o in c.outputs)]
-    first_exercise = next(i for i, c in enumerate(nb.cells) if c.cell_type == "code" and student.STUB.strip() in c.source)
-    assert failed == [first_exercise]
+    first_check = nb.cells.index(student.check_cells(nb)[0])
+    assert failed == [first_check]
