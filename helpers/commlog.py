@@ -119,11 +119,17 @@ def _tensor_bytes(obj) -> int:
 
 
 def _group_size(args) -> int:
+    import torch
     import torch.distributed as dist
 
     for a in args:
         if isinstance(a, dist.ProcessGroup):
             return a.size()
+        if isinstance(a, torch.ScriptObject):  # c10d dispatcher ops receive the group boxed
+            try:
+                return dist.ProcessGroup.unbox(a).size()
+            except Exception:  # pragma: no cover - not a process group
+                pass
         if isinstance(a, (list, tuple)) and a and all(isinstance(r, int) for r in a):
             return len(a)  # functional collectives: a list of ranks
     for a in args:

@@ -41,6 +41,7 @@ DEFAULT_CPU_WORLD = 4
 MAX_CPU_RANKS = 16  # each CPU rank is a process holding its own torch (~300 MB)
 DEFAULT_TIMEOUT = 30.0  # seconds; these demos take well under that
 _GRACE = 5.0  # seconds the watchdog waits past ``timeout`` for a rank to report its own timeout
+_IDLE_WAIT = 10.0  # seconds a launch waits for the workers to finish tearing down the last job
 
 
 class RankError(RuntimeError):
@@ -171,6 +172,7 @@ class _Pool:
         self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
         self.procs: list = []
         self.conns: list = []
+        self.busy: set[int] = set()  # ranks that have not yet reported "idle" after their last job
         self.next_job = 0
         ctx = mp.get_context("forkserver")
         ctx.set_forkserver_preload(["torch", "torch.distributed", "cloudpickle", "helpers.worker"])
@@ -208,6 +210,23 @@ class _Pool:
                 ) from None
             if msg[0] != "ready":  # pragma: no cover - protocol error
                 raise RuntimeError(f"worker process for rank {rank} sent {msg[0]!r} instead of 'ready'")
+
+    def wait_idle(self, ranks, limit: float) -> bool:
+        """Wait up to ``limit`` s for the given ranks to finish tearing down their last job."""
+        deadline = time.monotonic() + limit
+        while self.busy & set(ranks):
+            waiting = {self.conns[r]: r for r in self.busy & set(ranks)}
+            ready = _wait_conns(list(waiting), timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                return False
+            for c in ready:
+                try:
+                    msg = c.recv()
+                except (EOFError, OSError):
+                    return False
+                if msg[0] == "idle":
+                    self.busy.discard(waiting[c])  # anything else is a late message: dropped
+        return True
 
     def alive(self) -> bool:
         return all(p.is_alive() for p in self.procs)
@@ -300,6 +319,9 @@ def launch(
     if not quiet:
         print(plan.describe())
     t_begin = time.monotonic()
+    if _POOL is not None and not _POOL.wait_idle(range(min(plan.world_size, len(_POOL.procs))), _IDLE_WAIT):
+        print(f"(worker processes still busy with the last job after {_IDLE_WAIT:g} s: starting fresh ones)", file=sys.stderr)
+        shutdown()
     # starting processes gets its own allowance: the first launch imports torch in each worker
     pool, started = _get_pool(plan, threads, t_begin + 120.0)
     payload = cloudpickle.dumps((fn, args, kwargs))
@@ -309,7 +331,8 @@ def launch(
     n = plan.world_size
     conns = pool.conns[:n]
     for c in conns:
-        c.send(("job", job_id, payload, opts))
+        c.send(("job", job_id, payload, opts))  # every receiver is idle, so this cannot block for long
+    pool.busy.update(range(n))
     t_job = time.monotonic()
     outputs = {r: [] for r in range(n)}
     done: dict[int, tuple] = {}
@@ -337,6 +360,9 @@ def launch(
                 kind = msg[0]
                 if msg[1] != job_id:
                     continue  # a late message from an earlier job
+                if kind == "idle":
+                    pool.busy.discard(r)
+                    continue
                 if kind == "out":
                     outputs[r].append((msg[2], msg[3]))
                 elif kind == "done":

@@ -8,6 +8,7 @@ Units: sizes in bytes; the chapters' "GB" is decimal (1e9 bytes), and so is :dat
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 GB = 1e9
@@ -151,3 +152,48 @@ def measure_model_state(params, optimizer=None, master=None) -> dict[str, int]:
         "moments": tensor_bytes(moments),
         "counters": tensor_bytes(counters),
     }
+
+
+# ---- 12.1.2: which ZeRO stage, and how many devices, a model needs ------------------------------
+
+def smallest_stage_that_fits(n_params: float, device_bytes: float, world_size: int, reserve_bytes: float = 0.0,
+                             precision: str = "bf16-mixed", optimizer: str = "adamw"):
+    """The lowest ZeRO stage (0-3) whose per-device model state fits in ``device_bytes - reserve_bytes``.
+
+    Returns None when even stage 3 does not fit on ``world_size`` devices (12.1.2: "use Stage 3
+    only when the model state does not fit even with Stage 2").
+    """
+    _check_counts(n_params, world_size)
+    if device_bytes <= 0 or reserve_bytes < 0 or reserve_bytes >= device_bytes:
+        raise ValueError("need device_bytes > reserve_bytes >= 0")
+    for stage in range(4):
+        if per_device_total(n_params, world_size, stage, precision, optimizer) <= device_bytes - reserve_bytes:
+            return stage
+    return None
+
+
+def min_world_size_to_fit(n_params: float, device_bytes: float, zero_stage: int, reserve_bytes: float = 0.0,
+                          precision: str = "bf16-mixed", optimizer: str = "adamw"):
+    """The fewest devices on which ``n_params`` fits under ``zero_stage`` (12.1.2), or None if none does.
+
+    Stage s keeps an unsharded part (stage 0: everything; stage 1: weights and gradients; stage 2:
+    weights; stage 3: nothing) that no number of devices removes; when that part alone does not
+    fit, the answer is None.
+    """
+    _check_counts(n_params, 1)
+    if device_bytes <= 0 or reserve_bytes < 0 or reserve_bytes >= device_bytes:
+        raise ValueError("need device_bytes > reserve_bytes >= 0")
+    if zero_stage not in (0, 1, 2, 3):
+        raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
+    room = device_bytes - reserve_bytes
+    one = per_device_bytes(n_params, 1, zero_stage, precision, optimizer)
+    b = bytes_per_param(precision, optimizer)
+    fixed = n_params * ((b.weights if zero_stage < 3 else 0) + (b.gradients if zero_stage < 2 else 0)
+                        + (b.optimizer_state if zero_stage < 1 else 0))
+    sharded = sum(one.values()) - fixed
+    if fixed > room or (fixed == room and sharded > 0):
+        return None
+    m = max(1, math.ceil(sharded / (room - fixed))) if sharded > 0 else 1
+    while per_device_total(n_params, m, zero_stage, precision, optimizer) > room:  # guard against rounding
+        m += 1
+    return m

@@ -20,14 +20,14 @@ def timeline(run, ax=None, title: str = "per-rank timeline"):
             ax.barh(r, s.duration, left=offset + s.start, color=colors[s.name], edgecolor="k", linewidth=0.3)
         ticks = [offset + o.t for o in run.comm[r]]
         ax.plot(ticks, [r + 0.4] * len(ticks), "k|", markersize=6)
-    for n in names:
-        ax.barh([], [], color=colors[n], label=n)
     ax.set_yticks(range(run.world_size), [f"rank {r}" for r in range(run.world_size)])
     ax.invert_yaxis()
     ax.set_xlabel("seconds (ticks: communication calls)")
     ax.set_title(title)
     if names:
-        ax.legend(loc="upper right", fontsize=8)
+        from matplotlib.patches import Patch
+
+        ax.legend(handles=[Patch(color=colors[n], label=n) for n in names], loc="upper right", fontsize=8)
     return ax
 
 

@@ -161,3 +161,4 @@ def main(conn, rank: int, device_type: str, parent_pid: int, store_port: int, th
             # a failed job can leave a collective half-done: this process is not reused
             conn.close()
             return
+        send(("idle", job_id))  # torn down and listening: the parent may send the next job

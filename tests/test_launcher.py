@@ -299,3 +299,37 @@ def test_two_kernels_launching_at_once_do_not_collide(tmp_path):
     outs = [p.communicate(timeout=120) for p in procs]
     for k, (p, (out, err)) in zip((1, 2), zip(procs, outs)):
         assert p.returncode == 0 and f"ok {k}" in out, err[-2000:]
+
+
+def _subgroup_collectives():
+    import torch
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    pair, other = dist.new_group([0, 1]), dist.new_group([2, 3])  # every rank creates every group
+    mine = pair if rank < 2 else other
+    dist.all_reduce(torch.ones(8), group=mine)
+    dist.all_reduce(torch.ones(8))
+    if rank < 2:
+        dist.send(torch.ones(2), 1 - rank, group=mine) if rank == 0 else dist.recv(torch.ones(2), 0, group=mine)
+    return rank
+
+
+def test_the_comm_log_records_the_size_of_the_group_not_the_world():
+    run = launch(_subgroup_collectives, world_size=4, quiet=True)
+    for r in range(4):
+        sizes = [o.group_size for o in run.comm[r] if o.op == "all_reduce"]
+        assert sizes == [2, 4], (r, sizes)
+    sub = run.comm[0][0]
+    assert sub.model_sent == 2 * 1 / 2 * 32
+
+
+def test_workers_report_idle_after_tearing_down_and_a_busy_pool_is_replaced(monkeypatch, capsys):
+    launch(_allreduce_rank_plus_one, world_size=2, quiet=True)
+    pool = launcher._POOL
+    assert pool.wait_idle(range(len(pool.procs)), 10.0) and pool.busy == set()
+    pool.busy.add(1)  # pretend rank 1 never finished its teardown
+    monkeypatch.setattr(launcher, "_IDLE_WAIT", 0.2)
+    run = launch(_allreduce_rank_plus_one, world_size=2, quiet=True)
+    assert run.started_pool and launcher._POOL is not pool
+    assert "still busy with the last job" in capsys.readouterr().err

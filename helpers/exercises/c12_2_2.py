@@ -1,0 +1,49 @@
+"""Exercise checks for 12.2.2 (pipeline parallelism and bubble reduction)."""
+import numpy as np
+
+from . import check_int, check_number, check_true, require
+from ..pipeline_parallel import max_grad_diff, reference_grads
+from ..pipeline_schedule import bubble_formula, simulate
+
+
+def ex1(answer):
+    """Utilisation of a 16-stage pipeline with 48 micro-batches (equal stages)."""
+    check_number(answer, 1 - float(bubble_formula(16, 48, definition="total")),
+                 what="the utilisation (busy time over total time) for p = 16, m = 48",
+                 hint="12.2.2's (p-1)/m is idle over useful time; utilisation is useful over useful + idle.")
+
+
+def ex2(answer):
+    """Idle time per device of ZB-H1 with p = 6, m = 12, F = 2, B = 2, W = 1, read off the simulator."""
+    tl = simulate("zb-h1", 6, 12, f=2, b=2, w=1)
+    check_int(answer, int(tl.idle(0)), what="the idle time per device (in the same time units) of ZB-H1",
+              hint="Simulate it and read idle(d) off the timeline, or count what the W passes cannot fill.")
+
+
+def ex3(weight_grad_fn):
+    """A function W(x, dy) returning the weight gradient of y = x @ W.T (no bias), checked on random data."""
+    require(weight_grad_fn, "a function taking (x, dy) numpy arrays and returning dW")
+    rng = np.random.default_rng(7)
+    ok = True
+    for n, i, o in [(5, 3, 2), (8, 4, 6), (1, 7, 3)]:
+        x, W, dy = rng.normal(size=(n, i)), rng.normal(size=(o, i)), rng.normal(size=(n, o))
+        # reference: derivative of sum(dy * (x @ W.T)) with respect to W, by finite differences
+        eps, ref = 1e-6, np.zeros_like(W)
+        for a in range(o):
+            for b in range(i):
+                E = np.zeros_like(W)
+                E[a, b] = eps
+                ref[a, b] = (np.sum(dy * (x @ (W + E).T)) - np.sum(dy * (x @ (W - E).T))) / (2 * eps)
+        got = np.asarray(weight_grad_fn(x, dy))
+        ok = ok and got.shape == W.shape and np.allclose(got, ref, atol=1e-6)
+    check_true(ok, what="your W step gives the weight gradient from the saved input and the output gradient",
+               hint="The result has the weight's shape (out, in); it is a product of dy and x, one of them transposed.")
+
+
+def ex4(grads):
+    """Gradients gathered from a zero-bubble schedule run on the ranks equal the single-process ones."""
+    require(grads, "the merged {layer: (dW, db)} dict of your run (ppl.gather_grads(run.results))")
+    ref, _ = reference_grads()
+    check_true(isinstance(grads, dict) and sorted(grads) == sorted(ref) and max_grad_diff(grads, ref) < 1e-12,
+               what="every layer's gradient from the zero-bubble run equals the single-process gradient",
+               hint="Use the default model and batch, and gather the gradients of all ranks.")

@@ -1,0 +1,34 @@
+"""Exercise checks for P.8 (tensor parallelism)."""
+import numpy as np
+
+from . import check_number, check_true, require
+from .. import tp_numpy as tn
+from ..tensor_parallel import book_p8
+
+
+def ex1(answer):
+    """Row split of W = [[1, 2], [3, 4]] on 2 devices, X = [3, -1]: device 1's partial product."""
+    require(answer, "device 1's partial product P1, as a list of two numbers")
+    X = np.array([[3, -1]])
+    expected = tn.row_parallel(X, np.array([[1, 2], [3, 4]]), 2)[1][0]
+    got = np.asarray(answer, dtype=float).ravel()
+    if got.shape != (2,):
+        raise AssertionError(f"expected two numbers (one per output column), got {answer!r}")
+    check_true(np.array_equal(got, expected), what="device 1's partial product",
+               hint="Device 1 holds the second input row of W and only the matching entry of X.")
+
+
+def ex2(answer):
+    """Forward-pass TP communication: 4096 tokens, h = 8192, T = 8, 48 layers, 2 bytes, 400 GB/s."""
+    expected = book_p8(tokens=4096, h=8192, t=8, layers=48)["ms per forward"]
+    check_number(answer, expected, what="the all-reduce time per forward pass in milliseconds", rel=5e-3,
+                 hint="Per all-reduce each device sends 2(T-1)/T of the activation bytes; count two per layer.")
+
+
+def ex3(Y, X, W):
+    """A row-parallel product computed on the ranks equals X @ W."""
+    require(Y, "the Y your worker returned on rank 0 (an array)")
+    Y = np.asarray(Y)
+    check_true(Y.shape == (X @ W).shape and np.allclose(Y, X @ W, rtol=1e-12, atol=1e-12),
+               what="your row-parallel product equals X @ W",
+               hint="Each rank multiplies its column block of X by its row block of W; dist.all_reduce sums the partials.")

@@ -1,0 +1,441 @@
+"""A real pipeline on the launcher's ranks: an MLP cut into stages, micro-batches, p2p sends (P.9, 12.2.2).
+
+Rank ``d`` owns chunk ``c`` = virtual stage ``c*p + d`` (``v`` chunks per rank; v = 1 is the plain
+one-stage-per-rank pipeline). The ranks run exactly the per-device orders of
+:func:`helpers.pipeline_schedule.op_orders` (GPipe, 1F1B, interleaved 1F1B, ZB-H1):
+
+* ``F``: receive the activation from the previous stage (``dist.recv``), run the chunk, send the
+  output to the next stage (``dist.isend``, not waited for, so no two ranks can block each other);
+* ``B``: receive the gradient of the output, backpropagate, send the gradient of the input back.
+  Without the B/W split this is ``backward()`` and also accumulates the weight gradients;
+* ``W`` (ZB-H1): the weight gradients alone, from what B kept: for each linear layer
+  ``dW = dZ^T A`` and ``db = sum(dZ)``, where ``A`` is the layer's input and ``dZ`` the gradient
+  of its output, computed by B (which asks autograd only for input and ``dZ`` gradients, so it
+  computes no weight gradient).
+
+Messages are matched by tag (kind, virtual stage, micro-batch), which gloo honours. (NCCL ignores
+tags and matches in issue order; the non-interleaved schedules still match there, because each
+direction between two ranks carries one kind of message in micro-batch order.)
+
+Per-op time is measured with :func:`helpers.commlog.span` (names ``F``, ``B``, ``W``; ``recv`` for
+time spent waiting on a receive), so ``helpers.plots.timeline(run)`` draws it and
+:func:`timeline_from_run` turns it into a :class:`helpers.pipeline_schedule.Timeline`, whose bubble
+and makespan are computed by the same code as the simulator's. Stage compute time can be padded
+with a sleep per op (``f_s``, ``b_s``, ``w_s`` seconds): on a machine with fewer cores than
+ranks, real compute on four ranks at once would be slowed by the fight for cores, while a sleep
+stands for a stage's compute time without taking a core.
+
+The loss is the full-batch mean squared error; micro-batch j contributes its sum of squared
+errors divided by the whole batch size, so the accumulated gradients equal one process's
+full-batch gradients (:func:`reference_grads`).
+"""
+from __future__ import annotations
+
+import time
+
+from .pipeline_schedule import KINDS, check_schedule, from_records, op_orders, per_stage
+
+TORCH_SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
+
+
+# ---- the model and the data ----------------------------------------------------------------------
+
+def make_layers(n_layers: int = 8, width: int = 16, seed: int = 0):
+    """``n_layers`` float64 linear layers: ``n_layers-1`` of width x width, then width -> 1.
+
+    tanh follows every layer except the last. The same seed gives the same weights on every rank.
+    """
+    import torch
+
+    if not (isinstance(n_layers, int) and n_layers >= 1 and isinstance(width, int) and width >= 1):
+        raise ValueError(f"n_layers and width must be integers >= 1, got {n_layers!r}, {width!r}")
+    torch.manual_seed(seed)
+    return [torch.nn.Linear(width, width if i < n_layers - 1 else 1, dtype=torch.float64) for i in range(n_layers)]
+
+
+def make_data(batch: int = 32, width: int = 16, seed: int = 1):
+    """A regression batch ``(X, y)``: ``X`` is batch x width, ``y`` is batch x 1."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(batch, width, generator=g, dtype=torch.float64)
+    y = torch.sin(X.sum(-1, keepdim=True)) + 0.1 * torch.randn(batch, 1, generator=g, dtype=torch.float64)
+    return X, y
+
+
+def layer_ranges(n_layers: int, p: int, v: int = 1) -> list[range]:
+    """Layers of each virtual stage 0..p*v-1 (equal counts; ValueError unless p*v divides n_layers)."""
+    V = p * v
+    if V < 1 or n_layers % V:
+        raise ValueError(f"p*v = {V} virtual stages must divide the {n_layers} layers evenly")
+    k = n_layers // V
+    return [range(s * k, (s + 1) * k) for s in range(V)]
+
+
+def forward_layers(layers, idx, x, n_layers: int):
+    """Run layers ``idx`` on ``x``; return output, each linear's input ``A`` and output ``Z``."""
+    import torch
+
+    a, acts, zs = x, [], []
+    for i in idx:
+        acts.append(a)
+        z = layers[i](a)
+        zs.append(z)
+        a = torch.tanh(z) if i < n_layers - 1 else z
+    return a, acts, zs
+
+
+def reference_grads(n_layers: int = 8, width: int = 16, batch: int = 32, seed: int = 0):
+    """One process, whole batch: ``{layer: (dW, db)}`` and the loss, the pipeline's reference."""
+    import torch
+
+    layers = make_layers(n_layers, width, seed)
+    X, y = make_data(batch, width, seed + 1)
+    out, _, _ = forward_layers(layers, range(n_layers), X, n_layers)
+    loss = ((out - y) ** 2).sum() / batch
+    loss.backward()
+    return {i: (l.weight.grad.clone(), l.bias.grad.clone()) for i, l in enumerate(layers)}, loss.item()
+
+
+def max_grad_diff(grads: dict, ref: dict) -> float:
+    """Largest absolute difference between two ``{layer: (dW, db)}`` dicts over shared layers."""
+    if not grads:
+        raise ValueError("no gradients to compare")
+    return max(float((g - r).abs().max()) for i in grads for g, r in zip(grads[i], ref[i]))
+
+
+# ---- the arithmetic of 12.2.2's worked example -----------------------------------------------------
+
+def _positive(**kw):
+    for k, v in kw.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+            raise ValueError(f"{k} must be a positive number, got {v!r}")
+
+
+def layer_params(h: int, ffn: int) -> int:
+    """Weights of one transformer layer: attention 4h^2 (Q, K, V, output) + MLP 2*h*ffn.
+
+    Biases and norms (a few h each) are left out, as in 12.2.2.
+    """
+    _positive(h=h, ffn=ffn)
+    return 4 * h * h + 2 * h * ffn
+
+
+def stage_weight_bytes(h: int, ffn: int, layers: int, bytes_per_param: int = 2) -> int:
+    """Weight bytes of a pipeline stage holding ``layers`` transformer layers (BF16: 2 bytes)."""
+    _positive(layers=layers, bytes_per_param=bytes_per_param)
+    return layers * layer_params(h, ffn) * bytes_per_param
+
+
+def handoff_bytes(seq: int, micro_batch: int, h: int, bytes_per_value: int = 2) -> int:
+    """Bytes one stage sends the next per micro-batch: the activation, seq x micro_batch x h values."""
+    _positive(seq=seq, micro_batch=micro_batch, h=h, bytes_per_value=bytes_per_value)
+    return seq * micro_batch * h * bytes_per_value
+
+
+def mlp_forward_flops(tokens: int, h: int, ffn: int) -> int:
+    """Forward FLOPs of one MLP block: two matmuls (h -> ffn, ffn -> h), 2*tokens*h*ffn each."""
+    _positive(tokens=tokens, h=h, ffn=ffn)
+    return 2 * (2 * tokens * h * ffn)
+
+
+def layer_forward_flops(tokens: int, h: int, ffn: int, seq: int) -> int:
+    """Forward FLOPs of one transformer layer: the weight matmuls (2 * tokens * params) plus
+    attention's two sequence-length products (Q K^T and scores x V, 2*tokens*seq*h each)."""
+    _positive(seq=seq)
+    return 2 * tokens * layer_params(h, ffn) + 2 * (2 * tokens * seq * h)
+
+
+# ---- the split backward on one layer (12.2.2) -----------------------------------------------------
+
+def split_backward_linear(x, weight, bias, grad_out):
+    """B then W for one linear layer ``y = x W^T + b``, by hand.
+
+    B: ``dx = dy W`` needs the weight and the output gradient, not ``x``.
+    W: ``dW = dy^T x`` and ``db = sum(dy)`` need ``x`` and ``dy``, and nothing downstream waits for
+    them, so they can run any time after B. Returns ``(dx, dW, db)``.
+    """
+    if x.shape[-1] != weight.shape[1] or grad_out.shape[-1] != weight.shape[0]:
+        raise ValueError(f"shapes do not fit a linear layer: x {tuple(x.shape)}, W {tuple(weight.shape)}, dy {tuple(grad_out.shape)}")
+    dx = grad_out @ weight  # B: the input gradient, sent to the previous stage at once
+    dW = grad_out.T @ x  # W: may wait
+    db = grad_out.sum(0)
+    return dx, dW, db
+
+
+# ---- the pipeline on the ranks --------------------------------------------------------------------
+
+def _tag(kind: int, vstage: int, mb: int, V: int, m: int) -> int:
+    return (kind * V + vstage) * m + mb
+
+
+def pipeline_step_worker(
+    schedule: str = "1f1b",
+    m: int = 4,
+    v: int = 1,
+    n_layers: int = 8,
+    width: int = 16,
+    batch: int = 32,
+    seed: int = 0,
+    f_s=0.0,
+    b_s=0.0,
+    w_s=0.0,
+):
+    """One training step's forward and backward on the ranks, in the schedule's order (P.9, 12.2.2).
+
+    Run with ``launch(pipeline_step_worker, schedule, m, world_size=p)``. ``f_s``, ``b_s``,
+    ``w_s``: seconds of sleep added to each forward, input-gradient and weight-gradient op on each
+    stage (scalar or one per rank), standing for stage compute time; schedules without a split
+    sleep ``b_s + w_s`` in their one backward. Returns this rank's ``grads`` ``{layer: (dW, db)}``,
+    the ``ops`` it ran in order, its peak count of live (chunk, micro-batch) activations and the
+    peak bytes autograd held for them, and (last stage) the loss.
+    """
+    import torch
+    import torch.distributed as dist
+
+    from .commlog import span
+    from .worker import device
+
+    rank, p = dist.get_rank(), dist.get_world_size()
+    if p < 2:
+        raise ValueError("a pipeline needs at least 2 ranks (world_size >= 2)")
+    check_schedule(schedule, p, m, v)
+    if batch % m:
+        raise ValueError(f"m = {m} micro-batches must divide the batch of {batch}")
+    f_s, b_s, w_s = (per_stage(n, t, p, allow_zero=True) for n, t in (("f_s", f_s), ("b_s", b_s), ("w_s", w_s)))
+    split = schedule == "zb-h1"
+    V = p * v
+    dev = device()
+    ranges = layer_ranges(n_layers, p, v)
+    layers = [l.to(dev) for l in make_layers(n_layers, width, seed)]
+    mine = [i for c in range(v) for i in ranges[c * p + rank]]
+    for i in mine:
+        for t in (layers[i].weight, layers[i].bias):
+            t.grad = torch.zeros_like(t)
+    X, y = (t.to(dev) for t in make_data(batch, width, seed + 1))
+    mb = batch // m
+    order = op_orders(schedule, p, m, v)[rank]
+
+    state, sends, done = {}, [], []
+    live = peak_live = live_bytes = peak_bytes = 0
+    loss_total = 0.0
+
+    def pause(seconds):
+        if seconds > 0:
+            time.sleep(float(seconds) / v)
+
+    dist.barrier()
+    for kind, c, j in order:
+        s = c * p + rank
+        rows = slice(j * mb, (j + 1) * mb)
+        if kind == "F":
+            if s == 0:
+                x = X[rows]
+            else:
+                x = torch.empty(mb, width, dtype=torch.float64, device=dev)
+                with span("recv"):
+                    dist.recv(x, src=(s - 1) % p, tag=_tag(0, s, j, V, m))
+                x.requires_grad_(True)
+            saved = []
+            with span("F"):
+                with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+                    out, acts, zs = forward_layers(layers, ranges[s], x, n_layers)
+                    if s == V - 1:
+                        out = ((out - y[rows]) ** 2).sum() / batch
+                pause(f_s[rank])
+            if s == V - 1:
+                loss_total += out.item()
+            else:
+                send = out.detach()
+                sends.append((dist.isend(send, dst=(s + 1) % p, tag=_tag(0, s + 1, j, V, m)), send))
+            nbytes = sum(t.numel() * t.element_size() for t in {id(t): t for t in saved}.values())
+            state[(c, j)] = {"x": x, "out": out, "acts": acts, "zs": zs, "bytes": nbytes}
+            live += 1
+            live_bytes += nbytes
+            peak_live, peak_bytes = max(peak_live, live), max(peak_bytes, live_bytes)
+        elif kind == "B":
+            st = state[(c, j)]
+            g = None
+            if s < V - 1:
+                g = torch.empty(mb, width, dtype=torch.float64, device=dev)
+                with span("recv"):
+                    dist.recv(g, src=(s + 1) % p, tag=_tag(1, s, j, V, m))
+            with span("B"):
+                if split:
+                    targets = ([st["x"]] if s > 0 else []) + st["zs"]
+                    grads = torch.autograd.grad(st["out"], targets, grad_outputs=g)
+                    gx = grads[0] if s > 0 else None
+                    st["dz"] = grads[-len(st["zs"]):]
+                    st["acts"] = [a.detach() for a in st["acts"]]
+                    del st["out"], st["zs"]  # the autograd graph is no longer needed
+                    pause(b_s[rank])
+                else:
+                    st["out"].backward(g)
+                    gx = st["x"].grad if s > 0 else None
+                    pause(b_s[rank] + w_s[rank])
+            if s > 0:
+                sends.append((dist.isend(gx, dst=(s - 1) % p, tag=_tag(1, s - 1, j, V, m)), gx))
+            if not split:
+                done.append(state.pop((c, j)))
+        else:  # "W"
+            st = state[(c, j)]
+            with span("W"):
+                with torch.no_grad():
+                    for i, a, dz in zip(ranges[s], st["acts"], st["dz"]):
+                        layers[i].weight.grad += dz.T @ a
+                        layers[i].bias.grad += dz.sum(0)
+                pause(w_s[rank])
+            done.append(state.pop((c, j)))
+        while done:
+            live -= 1
+            live_bytes -= done.pop()["bytes"]
+    for work, _ in sends:
+        work.wait()
+    return {
+        "grads": {i: (layers[i].weight.grad, layers[i].bias.grad) for i in mine},
+        "ops": order,
+        "peak_live": peak_live,
+        "peak_bytes": peak_bytes,
+        "loss": loss_total if rank == (V - 1) % p else None,
+    }
+
+
+def timeline_from_run(run, schedule: str, m: int, v: int = 1):
+    """The measured :class:`~helpers.pipeline_schedule.Timeline` of a :func:`pipeline_step_worker` run.
+
+    Pairs each rank's ``F``/``B``/``W`` spans with the ops it ran, on the ranks' common clock.
+    """
+    records = []
+    for r in range(run.world_size):
+        spans = [s for s in run.spans[r] if s.name in KINDS]
+        ops = run.results[r]["ops"]
+        if len(spans) != len(ops) or any(s.name != o[0] for s, o in zip(spans, ops)):
+            raise ValueError(f"rank {r}: its spans do not match the ops it ran")
+        off = run.rank_times[r][0] if run.rank_times else 0.0
+        records += [(k, r, c, j, off + s.start, off + s.end) for s, (k, c, j) in zip(spans, ops)]
+    return from_records(schedule, run.world_size, m, v, records)
+
+
+def stage_times(tl) -> dict:
+    """Mean measured duration of F, B and W per device (for a chunk, times v: the device's share).
+
+    The keys ``f``, ``b``, ``w`` are lists of one value per device, ready for ``simulate(...)``;
+    ``w`` is 0 where the schedule has no W op.
+    """
+    out = {}
+    for kind in KINDS:
+        vals = []
+        for d in range(tl.p):
+            ds = [o.duration for o in tl.ops if o.device == d and o.kind == kind]
+            vals.append(tl.v * sum(ds) / len(ds) if ds else 0.0)
+        out[kind.lower()] = vals
+    return out
+
+
+def measured_vs_simulated(tl) -> dict:
+    """The measured timeline beside the simulator run at the measured stage times.
+
+    Rows: ``measured``; ``simulated`` (same per-stage F/B/W times, hand-offs free);
+    ``simulated + hand-off`` (each cross-device hand-off costs the measured median gap, see
+    :func:`helpers.pipeline_schedule.handoff_delays`). Each row: makespan (s) and both bubbles.
+    """
+    import statistics
+
+    from .pipeline_schedule import handoff_delays, simulate
+
+    st = stage_times(tl)
+    w = st["w"] if tl.split_backward else 0.0
+    gaps = handoff_delays(tl)
+    comm = max(0.0, statistics.median(gaps)) if gaps else 0.0
+    rows = {"measured": tl}
+    rows["simulated"] = simulate(tl.schedule, tl.p, tl.m, v=tl.v, f=st["f"], b=st["b"], w=w)
+    rows["simulated + hand-off"] = simulate(tl.schedule, tl.p, tl.m, v=tl.v, f=st["f"], b=st["b"], w=w, comm=comm)
+    out = {k: {"makespan_s": float(t.makespan), "bubble idle/total": float(t.bubble("total")),
+               "bubble idle/useful": float(t.bubble("useful"))} for k, t in rows.items()}
+    out["hand-off_s"] = comm
+    return out
+
+
+def gather_grads(results) -> dict:
+    """All ranks' ``grads`` dicts merged into one ``{layer: (dW, db)}``."""
+    merged = {}
+    for res in results:
+        merged.update(res["grads"])
+    return merged
+
+
+# ---- torch.distributed.pipelining on the same model ---------------------------------------------
+
+def _chunk_module(layers, idx, n_layers):
+    import torch
+
+    class Chunk(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList([layers[i] for i in idx])
+            self.idx = list(idx)
+
+        def forward(self, x):
+            for i, layer in zip(self.idx, self.layers):
+                x = layer(x)
+                if i < n_layers - 1:
+                    x = torch.tanh(x)
+            return x
+
+    return Chunk()
+
+
+def torch_pipelining_worker(schedule: str = "1F1B", m: int = 4, n_layers: int = 8, width: int = 16,
+                            batch: int = 32, seed: int = 0):
+    """The same model and batch through a ``torch.distributed.pipelining`` schedule (P.9, 12.2.2).
+
+    ``schedule`` is one of :data:`TORCH_SCHEDULES`. GPipe and 1F1B put one stage on each rank;
+    Interleaved1F1B, LoopedBFS and InterleavedZeroBubble put stages ``d`` and ``d+p`` on rank ``d``;
+    ZBVZeroBubble and DualPipeV put stages ``d`` and ``2p-1-d`` on rank ``d`` (the "V"; DualPipeV
+    needs ``m >= 2p``). The loss is the
+    micro-batch mean squared error and the schedule divides the summed gradients by ``m``
+    (``scale_grads``), so with equal micro-batches the result is the full-batch gradient. Returns
+    this rank's ``grads`` ``{layer: (dW, db)}`` and its stage indices.
+    """
+    import torch
+    import torch.distributed as dist
+    from torch.distributed import pipelining as pp
+
+    from .worker import device
+
+    if schedule not in TORCH_SCHEDULES:
+        raise ValueError(f"schedule must be one of {TORCH_SCHEDULES}, got {schedule!r}")
+    rank, p = dist.get_rank(), dist.get_world_size()
+    if batch % m:
+        raise ValueError(f"m = {m} micro-batches must divide the batch of {batch}")
+    multi = schedule not in ("GPipe", "1F1B")
+    V = 2 * p if multi else p
+    if schedule == "DualPipeV" and m < V:
+        raise ValueError(f"DualPipeV needs at least as many micro-batches as stages: m = {m} < {V}")
+    if schedule in ("ZBVZeroBubble", "DualPipeV"):
+        stage_ids = [rank, 2 * p - 1 - rank]
+    elif multi:
+        stage_ids = [rank, rank + p]
+    else:
+        stage_ids = [rank]
+    dev = device()
+    ranges = layer_ranges(n_layers, V, 1)
+    layers = [l.to(dev) for l in make_layers(n_layers, width, seed)]
+    stages = [pp.PipelineStage(_chunk_module(layers, ranges[s], n_layers), s, V, dev) for s in stage_ids]
+
+    def loss_fn(out, target):
+        return torch.nn.functional.mse_loss(out, target)
+
+    cls = getattr(pp, f"Schedule{schedule}")
+    sched = cls(stages if multi else stages[0], m, loss_fn=loss_fn)
+    X, y = (t.to(dev) for t in make_data(batch, width, seed + 1))
+    args = (X,) if 0 in stage_ids else ()
+    target = y if V - 1 in stage_ids else None
+    losses = [] if target is not None else None
+    sched.step(*args, target=target, losses=losses)
+    mine = [i for s in stage_ids for i in ranges[s]]
+    return {
+        "grads": {i: (layers[i].weight.grad.clone(), layers[i].bias.grad.clone()) for i in mine},
+        "stages": stage_ids,
+        "loss": float(sum(l.item() for l in losses) / m) if losses else None,
+    }
