@@ -353,6 +353,7 @@ def launch(
                 try:
                     msg = c.recv()
                 except (EOFError, OSError):
+                    pool.procs[r].join(timeout=1.0)
                     code = pool.procs[r].exitcode
                     errors[r] = (f"the worker process died (exit code {code})", "(no Python traceback: the process ended)")
                     first_error_at = first_error_at or time.monotonic()
@@ -397,7 +398,7 @@ def launch(
 def _is_secondary(summary: str) -> bool:
     """Errors that are usually a consequence of another rank's failure, not the cause."""
     s = summary.lower()
-    return any(k in s for k in ("connection closed", "connection reset", "broken pipe", "timed out", "died"))
+    return any(k in s for k in ("connection closed", "connection reset", "broken pipe", "timed out"))
 
 
 def _print_outputs(outputs: dict[int, list[tuple[str, str]]]):

@@ -333,3 +333,22 @@ def test_workers_report_idle_after_tearing_down_and_a_busy_pool_is_replaced(monk
     run = launch(_allreduce_rank_plus_one, world_size=2, quiet=True)
     assert run.started_pool and launcher._POOL is not pool
     assert "still busy with the last job" in capsys.readouterr().err
+
+
+def _rank_one_dies():
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        os._exit(7)  # no Python error: a lost host, the OOM killer
+    dist.all_reduce(torch.ones(2))
+    return 0
+
+
+def test_a_rank_whose_process_dies_is_named_as_the_cause():
+    with pytest.raises(RankError) as info:
+        launch(_rank_one_dies, world_size=3, timeout=20, quiet=True)
+    assert info.value.rank == 1 and "exit code 7" in str(info.value)
+    assert launcher.live_worker_pids() == []
