@@ -1,0 +1,47 @@
+"""Exercise checks for 12.3.2 (context parallelism and ring attention)."""
+import numpy as np
+
+from . import check_number, check_true, require
+from .. import attention_numpy as an
+from .. import ring_attention as ra
+
+
+def ex1(answer):
+    """Forward ring bytes one rank sends per layer: s=65,536, p=4, 32 heads of 128, bf16."""
+    check_number(answer, ra.ring_bytes_per_rank(65_536, 4, 32, 128, 2), what="the bytes one rank sends per layer",
+                 hint="Count the ring steps that move a block, and the K and the V of s/p tokens in each.")
+
+
+def ex2(answer):
+    """Attention output of one query whose keys arrive in two blocks (scores/values given)."""
+    q = np.array([[1.0]])
+    k_a, v_a = np.array([[1.0], [2.0]]), np.array([[10.0], [20.0]])
+    k_b, v_b = np.array([[3.0]]), np.array([[30.0]])
+    merged = an.merge(an.block_partial(q, k_a, v_a, scale=1.0), an.block_partial(q, k_b, v_b, scale=1.0))
+    check_number(answer, float(merged.output()[0, 0]), what="the merged attention output", rel=1e-6,
+                 hint="Rescale each block's l and o by exp(m_block - m) with m the larger max, add, divide o by l.")
+
+
+def ex3(answer):
+    """Causal, contiguous partition, s=8192 over p=8: last rank's unmasked pairs / first rank's."""
+    pairs = ra.work_table(8192, 8, "contiguous")["pairs"].sum(1)
+    check_number(answer, pairs[-1] / pairs[0], what="the ratio of the last rank's work to the first rank's",
+                 hint="Rank 0 scores a triangle of its own block; rank p-1 scores p-1 full blocks plus that triangle.")
+
+
+def ex4(results, s, heads, d, causal=True):
+    """Causal zigzag ring attention launched on the ranks equals one-process attention."""
+    require(results, "the list run.results of your launch")
+    import torch
+
+    if not (isinstance(results, list) and all(isinstance(r, dict) and {"idx", "out"} <= set(r) for r in results)):
+        raise AssertionError("expected run.results: a list with one dict per rank holding 'idx' and 'out'; "
+                             "return {'idx': idx, 'out': out} from the worker")
+    dt = results[0]["out"].dtype
+    q, k, v, _ = ra.make_inputs(s, heads, d, 0, dt)
+    ref = ra.reference_attention(q, k, v, causal=causal)[0]
+    got = ra.assemble(results, "out", s).to(torch.float64)
+    rtol, atol = ra.tolerance(dt)
+    check_true(len(results) >= 2 and torch.allclose(got, ref, rtol=rtol, atol=atol),
+               what="your ring attention output equals one-process causal attention",
+               hint="Use ra.make_inputs(s, heads, d, 0, dtype), take the rows of the zigzag partition, causal=True.")
