@@ -31,21 +31,7 @@ import time
 
 import numpy as np
 
-
-def _pos_real(v, name: str, allow_zero: bool = False) -> float:
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number, got {v!r}") from None
-    if isinstance(v, bool) or not math.isfinite(x) or x < 0 or (x == 0 and not allow_zero):
-        raise ValueError(f"{name} must be a finite number {'>=' if allow_zero else '>'} 0, got {v!r}")
-    return x
-
-
-def _pos_int(v, name: str, minimum: int = 1) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {v!r}")
-    return int(v)
+from .validate import integer_at_least as _pos_int, positive_number as _pos_real
 
 
 def _durations(d, name: str) -> list[float]:

@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .validate import integer_at_least as _int, positive_number as _pos
+
 MECHANISMS = {
     "replicas": {"improves": "throughput and queueing delay (requests wait less)",
                  "does not change": "time per output token of one request",
@@ -48,20 +50,6 @@ MECHANISMS = {
 }
 
 
-def _pos(v, name: str, allow_zero: bool = False) -> float:
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number, got {v!r}") from None
-    if isinstance(v, bool) or not math.isfinite(x) or x < 0 or (x == 0 and not allow_zero):
-        raise ValueError(f"{name} must be a finite number {'>=' if allow_zero else '>'} 0, got {v!r}")
-    return x
-
-
-def _int(v, name: str, minimum: int = 1) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {v!r}")
-    return int(v)
 
 
 # ==== 1. the latency model =========================================================================

@@ -1,0 +1,23 @@
+"""Input checks shared by the helper modules: each raises ValueError naming the constraint."""
+from __future__ import annotations
+
+import math
+import numbers
+
+
+def positive_number(v, name: str, allow_zero: bool = False) -> float:
+    """``v`` as a float; ValueError unless it is a finite number > 0 (>= 0 with ``allow_zero``)."""
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number, got {v!r}") from None
+    if isinstance(v, bool) or not math.isfinite(x) or x < 0 or (x == 0 and not allow_zero):
+        raise ValueError(f"{name} must be a finite number {'>=' if allow_zero else '>'} 0, got {v!r}")
+    return x
+
+
+def integer_at_least(v, name: str, minimum: int = 1) -> int:
+    """``v`` as an int; ValueError unless it is an integer >= ``minimum`` (booleans refused)."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {v!r}")
+    return int(v)
