@@ -1,0 +1,36 @@
+"""Exercise checks for 12.4.2 (case studies: Llama 3, DeepSeek-V3, Gemma 2)."""
+from fractions import Fraction
+
+from . import check_int, check_number, check_true, require
+from ..memory import GB
+from ..pipeline_schedule import min_microbatches
+
+
+def ex1(answer):
+    """BF16 weight GB per GPU of Llama 3 405B at TP=8, PP=16."""
+    check_number(answer, 405e9 * 2 / (8 * 16) / GB, what="the BF16 weights per GPU in GB",
+                 hint="Tensor and pipeline parallelism together divide the weights TP x PP ways.")
+
+
+def ex2(answer):
+    """Smallest m with (p-1)/m <= 20% at p = 16."""
+    check_int(answer, min_microbatches(16, Fraction(1, 5), "useful"), what="the smallest number of micro-batches per replica",
+              hint="12.2.2's ratio: idle over useful time, (p-1)/m.")
+
+
+def ex3(answer):
+    """Tokens in the smallest step of Gemma 2 27B's layout: one 8,192-token sequence per data replica."""
+    check_int(answer, 768 * 8192, what="the tokens per step", hint="Table 3: 768 data replicas.")
+
+
+def ex4(result):
+    """Rank 5's result of hand_groups_worker on the 4D mesh ('dp','pp','cp','tp') = (2,2,2,2)."""
+    from ..mesh import Mesh
+
+    require(result, "run.results[5]")
+    mesh = Mesh.of(dp=2, pp=2, cp=2, tp=2)
+    ok = (isinstance(result, dict) and result.get("rank") == 5 and result.get("coord") == mesh.coord(5)
+          and result.get("groups", {}).get("cp") == mesh.group_of(5, "cp")
+          and result.get("sums", {}).get("cp") == sum(mesh.group_of(5, "cp")))
+    check_true(ok, what="rank 5's coordinate and context-parallel group on the ranks",
+               hint="launch(mesh.hand_groups_worker, ('dp', 'pp', 'cp', 'tp'), (2, 2, 2, 2), world_size=16).")

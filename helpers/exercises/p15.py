@@ -1,0 +1,39 @@
+"""Exercise checks for P.15 (choosing a strategy: the decision sequence)."""
+from fractions import Fraction
+
+from . import check_int, check_number, check_true, require
+from ..memory import GB, per_device_total
+from ..pipeline_schedule import min_microbatches
+
+
+def ex1(answer):
+    """Smallest m with (p-1)/(m+p-1) <= 10% at p = 8."""
+    check_int(answer, min_microbatches(8, Fraction(1, 10), "total"), what="the smallest number of micro-batches",
+              hint="Solve (p-1)/(m+p-1) <= 0.1 for m, with P.9's definition of the bubble.")
+
+
+def ex2(answer):
+    """Model-state GB per device of a 13B model, BF16 mixed precision AdamW, ZeRO-1 over 64 devices."""
+    check_number(answer, per_device_total(13e9, 64, 1) / GB, what="the model state per device in GB",
+                 hint="Weights and gradients stay whole (2 + 2 bytes per parameter); 12 bytes per parameter are split 64 ways.")
+
+
+def ex3(answer):
+    """The pipeline degree of the planner's best layout for the 70B on 256 H100s at a global batch of 512."""
+    from ..planner import book_70b, h100_cluster, plan
+
+    require(answer, "an integer, the PP of the best layout")
+    check_int(answer, plan(book_70b(), h100_cluster(256), 512).best.layout.pp, what="the pipeline degree of the best layout",
+              hint="Run planner.plan(...) with global_batch=512 and read .best.layout.pp.")
+
+
+def ex4(result):
+    """A rank-0 result of three_d_worker run as DP2 x TP2 on 4 ranks."""
+    from ..three_d import expected_bytes, measured_bytes
+
+    require(result, "run.results[0] of your launch")
+    ok = (isinstance(result, dict) and result.get("coord") == {"dp": 0, "pp": 0, "tp": 0}
+          and len(result.get("groups", {}).get("tp", [])) == 2 and len(result.get("groups", {}).get("dp", [])) == 2)
+    check_true(ok, what="the run is DP2 x TP2 on 4 ranks (rank 0's result)",
+               hint="launch(three_d.three_d_worker, dp=2, pp=1, tp=2, world_size=4).")
+    check_true(measured_bytes(result) == expected_bytes(2, 1, 2, 2), what="the measured bytes equal the model's bytes")

@@ -1,0 +1,272 @@
+"""Rank coordinates and process groups of a hybrid layout: DP x PP x TP (x CP ...) (P.11, 12.4.1, 12.4.2).
+
+A layout is a list of named dimensions, **outermost first**, with their sizes. Ranks are numbered
+row-major, the last (innermost) dimension varying fastest, exactly like
+``torch.arange(world).view(*sizes)`` and like PyTorch's ``init_device_mesh``:
+
+* P.11's 16 devices as DP2 x PP2 x TP4: ``Mesh(("dp", "pp", "tp"), (2, 2, 4))``, so that
+  rank = 8 dp + 4 pp + tp (the section's formula);
+* Llama 3 orders its dimensions [TP, CP, PP, DP] from innermost to outermost, i.e.
+  ``Mesh(("dp", "pp", "cp", "tp"), ...)``.
+
+The group of a dimension ``d`` that a rank belongs to holds the ranks whose coordinates agree with
+it on every *other* dimension (a TP group shares (dp, pp); a DP group shares (pp, tp)).
+
+Servers ("nodes") hold consecutive ranks: rank r lives on node ``r // devices_per_node``. Putting
+the innermost dimension inside a node is how TP gets the fastest links (P.7, P.11, 12.4.1).
+
+On the ranks: :func:`hand_groups_worker` builds every group with ``dist.new_group`` and sums the
+ranks inside each with an all-reduce (so the groups are real, not just lists);
+:func:`device_mesh_worker` asks PyTorch's ``init_device_mesh`` for the same shape and returns the
+coordinate and group members it reports, to compare with :class:`Mesh`.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+
+
+def _positive_int(name: str, v) -> int:
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+    return int(v)
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """A named grid of ranks, outermost dimension first (row-major, like ``init_device_mesh``)."""
+
+    names: tuple
+    sizes: tuple
+
+    def __post_init__(self):
+        names, sizes = tuple(self.names), tuple(self.sizes)
+        if not names or len(names) != len(sizes):
+            raise ValueError(f"need one size per dimension name, got names={names}, sizes={sizes}")
+        if len(set(names)) != len(names) or not all(isinstance(n, str) and n for n in names):
+            raise ValueError(f"dimension names must be distinct non-empty strings, got {names}")
+        sizes = tuple(_positive_int(f"the size of dimension {n!r}", s) for n, s in zip(names, sizes))
+        object.__setattr__(self, "names", names)
+        object.__setattr__(self, "sizes", sizes)
+
+    @classmethod
+    def of(cls, **degrees):
+        """``Mesh.of(dp=2, pp=2, tp=4)``: keyword order is the nesting order, outermost first."""
+        return cls(tuple(degrees), tuple(degrees.values()))
+
+    @property
+    def world(self) -> int:
+        return math.prod(self.sizes)
+
+    @property
+    def strides(self) -> tuple:
+        out, step = [], 1
+        for s in reversed(self.sizes):
+            out.append(step)
+            step *= s
+        return tuple(reversed(out))
+
+    def size(self, name: str) -> int:
+        return self.sizes[self._dim(name)]
+
+    def _dim(self, name: str) -> int:
+        if name not in self.names:
+            raise ValueError(f"unknown dimension {name!r}: this mesh has {self.names}")
+        return self.names.index(name)
+
+    def _check_rank(self, rank) -> int:
+        if isinstance(rank, bool) or not isinstance(rank, numbers.Integral) or not 0 <= rank < self.world:
+            raise ValueError(f"rank must be an integer in [0, {self.world}), got {rank!r}")
+        return int(rank)
+
+    def coord(self, rank: int) -> dict:
+        """``{name: index}`` of ``rank`` (P.11: rank 13 of DP2 x PP2 x TP4 is dp=1, pp=1, tp=1)."""
+        rank = self._check_rank(rank)
+        return {n: (rank // st) % s for n, st, s in zip(self.names, self.strides, self.sizes)}
+
+    def rank(self, **coord) -> int:
+        """The rank at a coordinate; every dimension must be given, each index within its size."""
+        if set(coord) != set(self.names):
+            raise ValueError(f"give an index for exactly the dimensions {self.names}, got {sorted(coord)}")
+        r = 0
+        for n, st, s in zip(self.names, self.strides, self.sizes):
+            i = coord[n]
+            if isinstance(i, bool) or not isinstance(i, numbers.Integral) or not 0 <= i < s:
+                raise ValueError(f"index of {n!r} must be an integer in [0, {s}), got {i!r}")
+            r += int(i) * st
+        return r
+
+    def group_of(self, rank: int, name: str) -> list:
+        """The ranks that share every coordinate of ``rank`` except ``name`` (its ``name`` group)."""
+        c = self.coord(rank)
+        return [self.rank(**{**c, name: i}) for i in range(self.size(name))]
+
+    def groups(self, name: str) -> list:
+        """Every ``name`` group, ordered by its first rank: world / size(name) groups of size(name)."""
+        self._dim(name)
+        seen, out = set(), []
+        for r in range(self.world):
+            if r not in seen:
+                g = self.group_of(r, name)
+                seen.update(g)
+                out.append(g)
+        return out
+
+    def grid(self):
+        """``numpy.arange(world).reshape(sizes)``: the same array as ``torch.arange(world).view(*sizes)``."""
+        import numpy as np
+
+        return np.arange(self.world).reshape(self.sizes)
+
+    def table(self) -> list:
+        """One row per rank: ``(rank, index of each dimension...)``."""
+        return [(r, *self.coord(r).values()) for r in range(self.world)]
+
+
+# ---- placement over servers ----------------------------------------------------------------------
+
+def node_of(rank: int, devices_per_node: int) -> int:
+    """The server of ``rank`` when every server holds ``devices_per_node`` consecutive ranks."""
+    devices_per_node = _positive_int("devices_per_node", devices_per_node)
+    if isinstance(rank, bool) or not isinstance(rank, numbers.Integral) or rank < 0:
+        raise ValueError(f"rank must be an integer >= 0, got {rank!r}")
+    return int(rank) // devices_per_node
+
+
+def placement(mesh: Mesh, devices_per_node: int) -> dict:
+    """Per dimension: group size, number of groups, and how many servers the widest group spans.
+
+    ``"intra-node"`` is True when every group of the dimension lives inside one server (its
+    collectives use the fast links only). The world must fill whole servers.
+    """
+    devices_per_node = _positive_int("devices_per_node", devices_per_node)
+    if mesh.world % devices_per_node:
+        raise ValueError(f"{mesh.world} ranks do not fill servers of {devices_per_node} devices")
+    out = {}
+    for name in mesh.names:
+        gs = mesh.groups(name)
+        spans = [len({node_of(r, devices_per_node) for r in g}) for g in gs]
+        out[name] = {"group size": mesh.size(name), "groups": len(gs), "max servers per group": max(spans),
+                     "intra-node": max(spans) == 1}
+    return out
+
+
+def draw(mesh: Mesh, devices_per_node: int, highlight: dict | None = None, ax=None, title: str | None = None):
+    """Draw the servers as boxes of devices, each labelled with its rank and coordinate.
+
+    ``highlight`` maps a dimension name to a color and draws every group of that dimension as a
+    line through its members (TP groups inside a box, PP and DP groups across boxes).
+    """
+    import matplotlib.pyplot as plt
+
+    placement(mesh, devices_per_node)  # validates the fit
+    n_nodes = mesh.world // devices_per_node
+    if ax is None:
+        _, ax = plt.subplots(figsize=(1.6 * devices_per_node + (3 if highlight else 1), 1.25 * n_nodes + 0.6))
+    pos = {}
+    for r in range(mesh.world):
+        node, slot = divmod(r, devices_per_node)
+        pos[r] = (slot, -node)
+    for node in range(n_nodes):
+        ax.add_patch(plt.Rectangle((-0.45, -node - 0.42), devices_per_node - 0.1, 0.84, fill=False, lw=1.5, ec="0.35"))
+        ax.text(-0.6, -node, f"server {node}", ha="right", va="center", fontsize=9)
+    for k, (name, color) in enumerate((highlight or {}).items()):
+        off = 0.12 * (k - (len(highlight) - 1) / 2)
+        for gi, g in enumerate(mesh.groups(name)):
+            xs, ys = _group_path([pos[r] for r in g], off)
+            ax.plot(xs, ys, "-", color=color, lw=2.2, alpha=0.75, label=f"{name} groups" if gi == 0 else None)
+    for r, (x, y) in pos.items():
+        c = mesh.coord(r)
+        ax.add_patch(plt.Rectangle((x - 0.36, y - 0.3), 0.72, 0.6, fc="white", ec="0.2", zorder=3))
+        ax.text(x, y + 0.1, f"GPU {r}", ha="center", va="center", fontsize=8, weight="bold", zorder=4)
+        ax.text(x, y - 0.13, ",".join(f"{n}{i}" for n, i in c.items()), ha="center", va="center", fontsize=6.5, zorder=4)
+    ax.set_xlim(-1.9, devices_per_node + 0.2)
+    ax.set_ylim(-n_nodes + 0.4, 0.6)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    if highlight:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+    shape = " x ".join(f"{n.upper()}{s}" for n, s in zip(mesh.names, mesh.sizes))
+    ax.set_title(title or f"{mesh.world} devices as {shape}, {devices_per_node} per server", fontsize=10)
+    return ax
+
+
+def _group_path(points, off):
+    """A polyline through a group's members; a hop that skips a server or a slot bows outwards
+    (a quadratic curve), so that it does not run through the devices in between."""
+    import numpy as np
+
+    xs, ys = [points[0][0] + off], [points[0][1] + off]
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        a, b = np.array([x0 + off, y0 + off]), np.array([x1 + off, y1 + off])
+        d = b - a
+        if abs(d[0]) > 1 or abs(d[1]) > 1:
+            ctrl = (a + b) / 2 + np.array([-d[1], d[0]]) * 0.5
+            t = np.linspace(0, 1, 24)[1:, None]
+            curve = (1 - t) ** 2 * a + 2 * (1 - t) * t * ctrl + t ** 2 * b
+            xs += list(curve[:, 0]); ys += list(curve[:, 1])
+        else:
+            xs.append(b[0]); ys.append(b[1])
+    return xs, ys
+
+
+# ---- on the ranks ----------------------------------------------------------------------------------
+
+def build_groups(mesh: Mesh) -> dict:
+    """``{name: this rank's process group}`` for every dimension, built with ``dist.new_group``.
+
+    Every rank must create every group, in the same order (a torch.distributed rule), even the
+    groups it is not in; each rank keeps the one it belongs to.
+    """
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world != mesh.world:
+        raise ValueError(f"the mesh has {mesh.world} ranks but the job has {world}")
+    mine = {}
+    for name in mesh.names:
+        for g in mesh.groups(name):
+            pg = dist.new_group(g)
+            if rank in g:
+                mine[name] = pg
+    return mine
+
+
+def hand_groups_worker(names, sizes) -> dict:
+    """Build the groups of ``Mesh(names, sizes)`` by hand and all-reduce each rank's id in each.
+
+    Returns this rank's coordinate, the members of its groups (as torch.distributed reports them)
+    and, per dimension, the sum of the ranks in its group computed by an all-reduce over that group.
+    """
+    import torch
+    import torch.distributed as dist
+
+    mesh = Mesh(tuple(names), tuple(sizes))
+    rank = dist.get_rank()
+    groups = build_groups(mesh)
+    sums = {}
+    for name, pg in groups.items():
+        t = torch.tensor([float(rank)])
+        dist.all_reduce(t, group=pg)
+        sums[name] = int(t.item())
+    return {"rank": rank, "coord": mesh.coord(rank),
+            "groups": {n: sorted(dist.get_process_group_ranks(pg)) for n, pg in groups.items()}, "sums": sums}
+
+
+def device_mesh_worker(names, sizes) -> dict:
+    """PyTorch's view of the same layout: ``init_device_mesh(device, sizes, mesh_dim_names=names)``.
+
+    Returns this rank's coordinate (``mesh.get_coordinate()``), the members of its group along
+    every dimension (``mesh.get_group(name)``) and the mesh's rank array. Runs on CPU with gloo
+    (FACTS.md) and on GPUs with NCCL.
+    """
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from .worker import device
+
+    dm = init_device_mesh(device().type, tuple(sizes), mesh_dim_names=tuple(names))
+    return {"rank": dist.get_rank(), "coord": dict(zip(names, dm.get_coordinate())),
+            "groups": {n: sorted(dist.get_process_group_ranks(dm.get_group(n))) for n in names},
+            "mesh": dm.mesh.tolist()}
