@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 # c10d dispatcher op name -> (our name, which positional argument holds the payload tensors)
 _OPS = {

@@ -329,48 +329,12 @@ def launch(
     pool.next_job += 1
     opts = {"backend": plan.backend, "world_size": plan.world_size, "timeout": float(timeout), "record": record}
     n = plan.world_size
-    conns = pool.conns[:n]
-    for c in conns:
+    for c in pool.conns[:n]:
         c.send(("job", job_id, payload, opts))  # every receiver is idle, so this cannot block for long
     pool.busy.update(range(n))
-    t_job = time.monotonic()
     outputs = {r: [] for r in range(n)}
-    done: dict[int, tuple] = {}
-    errors: dict[int, tuple[str, str]] = {}
-    deadline = t_job + timeout + _GRACE
-    first_error_at = None
     try:
-        while len(done) + len(errors) < n:
-            if first_error_at is not None and time.monotonic() > first_error_at + 1.0:
-                break  # give peers a moment to report their own errors, then stop
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            wait_for = min(left, 0.2) if errors else left
-            by_conn = {c: r for r, c in enumerate(conns) if r not in done and r not in errors}
-            for c in _wait_conns(list(by_conn), timeout=wait_for):
-                r = by_conn[c]
-                try:
-                    msg = c.recv()
-                except (EOFError, OSError):
-                    pool.procs[r].join(timeout=1.0)
-                    code = pool.procs[r].exitcode
-                    errors[r] = (f"the worker process died (exit code {code})", "(no Python traceback: the process ended)")
-                    first_error_at = first_error_at or time.monotonic()
-                    continue
-                kind = msg[0]
-                if msg[1] != job_id:
-                    continue  # a late message from an earlier job
-                if kind == "idle":
-                    pool.busy.discard(r)
-                    continue
-                if kind == "out":
-                    outputs[r].append((msg[2], msg[3]))
-                elif kind == "done":
-                    done[r] = (msg[2], msg[3])
-                elif kind == "error":
-                    errors[r] = (msg[2], msg[3])
-                    first_error_at = first_error_at or time.monotonic()
+        done, errors = _collect(pool, n, job_id, time.monotonic() + timeout + _GRACE, outputs)
     except BaseException:  # KeyboardInterrupt in a notebook: leave nothing running
         shutdown()
         raise
@@ -393,6 +357,50 @@ def launch(
         spans.append(meta["spans"])
         times.append((meta["t_start"] - t0, meta["t_end"] - t0))
     return Run(plan, results, [texts[r] for r in range(n)], comm, spans, time.monotonic() - t_begin, started, times)
+
+
+def _collect(pool: "_Pool", n: int, job_id: int, deadline: float, outputs: dict) -> tuple[dict, dict]:
+    """Read the ranks' messages for one job until all are done, one fails, or the deadline.
+
+    Returns ``done`` (rank -> (pickled result, meta)) and ``errors`` (rank -> (summary,
+    traceback)); printed text is appended to ``outputs`` as it arrives. After the first error the
+    peers get one more second to report their own, then collection stops.
+    """
+    conns = pool.conns[:n]
+    done: dict[int, tuple] = {}
+    errors: dict[int, tuple[str, str]] = {}
+    first_error_at = None
+    while len(done) + len(errors) < n:
+        if first_error_at is not None and time.monotonic() > first_error_at + 1.0:
+            break
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        by_conn = {c: r for r, c in enumerate(conns) if r not in done and r not in errors}
+        # short slices: a notebook interrupt is noticed at once, however it is delivered
+        for c in _wait_conns(list(by_conn), timeout=min(left, 0.2 if errors else 0.5)):
+            r = by_conn[c]
+            try:
+                msg = c.recv()
+            except (EOFError, OSError):
+                pool.procs[r].join(timeout=1.0)
+                code = pool.procs[r].exitcode
+                errors[r] = (f"the worker process died (exit code {code})", "(no Python traceback: the process ended)")
+                first_error_at = first_error_at or time.monotonic()
+                continue
+            kind = msg[0]
+            if msg[1] != job_id:
+                continue  # a late message from an earlier job
+            if kind == "idle":
+                pool.busy.discard(r)
+            elif kind == "out":
+                outputs[r].append((msg[2], msg[3]))
+            elif kind == "done":
+                done[r] = (msg[2], msg[3])
+            elif kind == "error":
+                errors[r] = (msg[2], msg[3])
+                first_error_at = first_error_at or time.monotonic()
+    return done, errors
 
 
 def _is_secondary(summary: str) -> bool:

@@ -87,8 +87,6 @@ def forward_layers(layers, idx, x, n_layers: int):
 
 def reference_grads(n_layers: int = 8, width: int = 16, batch: int = 32, seed: int = 0):
     """One process, whole batch: ``{layer: (dW, db)}`` and the loss, the pipeline's reference."""
-    import torch
-
     layers = make_layers(n_layers, width, seed)
     X, y = make_data(batch, width, seed + 1)
     out, _, _ = forward_layers(layers, range(n_layers), X, n_layers)

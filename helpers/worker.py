@@ -88,7 +88,7 @@ def _watch_parent(parent_pid: int):
             os._exit(3)
 
 
-def _run_job(conn, send, rank, job_id, payload, opts, store):
+def _run_job(send, rank, job_id, payload, opts, store):
     import cloudpickle
     import torch.distributed as dist
 
@@ -157,7 +157,7 @@ def main(conn, rank: int, device_type: str, parent_pid: int, store_port: int, th
         if msg[0] == "stop":
             return
         _, job_id, payload, opts = msg
-        if not _run_job(conn, send, rank, job_id, payload, opts, store):
+        if not _run_job(send, rank, job_id, payload, opts, store):
             # a failed job can leave a collective half-done: this process is not reused
             conn.close()
             return

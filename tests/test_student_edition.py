@@ -24,7 +24,7 @@ def test_every_notebook_has_at_least_three_checked_exercises_in_nbgrader_form(pa
     for cell in answers:
         meta = cell.metadata.get("nbgrader", {})
         assert meta.get("solution") and not meta.get("grade"), cell.source
-        assert re.search(r"^\w+ = None\s*$", cell.source.partition(student.BEGIN)[0], re.M), cell.source
+        assert re.search(r"^\w+(\s*,\s*\w+)* = None(\s*,\s*None)*\s*$", cell.source.partition(student.BEGIN)[0], re.M), cell.source
         assert cell.source.rstrip().endswith(student.END), cell.source
         check = code[code.index(cell) + 1]
         cmeta = check.metadata.get("nbgrader", {})
