@@ -68,14 +68,37 @@ def test_unbalanced_markers_are_rejected():
         student.student_notebook(nb)
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
-def test_student_edition_runs_to_the_first_exercise_and_fails_helpfully(path, tmp_path):
-    nb = student.student_notebook(nbformat.read(path, as_version=4))
+def _execute_until_error(nb, tmp_path):
     client = NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
     with pytest.raises(CellExecutionError) as info:
         client.execute()
-    assert info.value.ename == "NotAnswered", info.value.evalue
-    assert "not answered yet" in info.value.evalue
+    return info.value
+
+
+# Executing a whole student edition repeats, cell for cell, what nbval already runs on the instructor
+# edition (the cells before the first exercise are asserted identical above), so the whole run is
+# done for one notebook of each part, and the part that is new, the stubbed exercise and its check,
+# is run for every notebook below.
+@pytest.mark.parametrize("path", [p for p in NOTEBOOKS if p.stem in ("p06_data_parallelism", "c12_1_1_naive_ddp")],
+                         ids=["p06_data_parallelism", "c12_1_1_naive_ddp"])
+def test_student_edition_runs_to_the_first_exercise_and_fails_helpfully(path, tmp_path):
+    nb = student.student_notebook(nbformat.read(path, as_version=4))
+    err = _execute_until_error(nb, tmp_path)
+    assert err.ename == "NotAnswered", err.evalue
+    assert "not answered yet" in err.evalue
     failed = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and any(o.output_type == "error" for o in c.outputs)]
     first_check = nb.cells.index(student.check_cells(nb)[0])
     assert failed == [first_check]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_every_student_edition_first_check_says_not_answered(path, tmp_path):
+    st = student.student_notebook(nbformat.read(path, as_version=4))
+    code = [c for c in st.cells if c.cell_type == "code"]
+    check = student.check_cells(st)[0]
+    answer = code[code.index(check) - 1]
+    assert student.STUB.strip() in answer.source
+    nb = nbformat.v4.new_notebook(cells=[code[0], answer, check], metadata=st.metadata)  # imports, stub, check
+    err = _execute_until_error(nb, tmp_path)
+    assert err.ename == "NotAnswered" and "not answered yet" in err.evalue, (err.ename, err.evalue)
+    assert nb.cells[1].outputs == [] or all(o.output_type != "error" for o in nb.cells[1].outputs)

@@ -1,7 +1,8 @@
 """Exercise checks for 12.3.2 (context parallelism and ring attention)."""
 import numpy as np
 
-from . import check_number, check_true, require
+from . import check_number
+from .p10 import attention_on_ranks_equals_reference
 from .. import attention_numpy as an
 from .. import ring_attention as ra
 
@@ -31,17 +32,6 @@ def ex3(answer):
 
 def ex4(results, s, heads, d, causal=True):
     """Causal zigzag ring attention launched on the ranks equals one-process attention."""
-    require(results, "the list run.results of your launch")
-    import torch
-
-    if not (isinstance(results, list) and all(isinstance(r, dict) and {"idx", "out"} <= set(r) for r in results)):
-        raise AssertionError("expected run.results: a list with one dict per rank holding 'idx' and 'out'; "
-                             "return {'idx': idx, 'out': out} from the worker")
-    dt = results[0]["out"].dtype
-    q, k, v, _ = ra.make_inputs(s, heads, d, 0, dt)
-    ref = ra.reference_attention(q, k, v, causal=causal)[0]
-    got = ra.assemble(results, "out", s).to(torch.float64)
-    rtol, atol = ra.tolerance(dt)
-    check_true(len(results) >= 2 and torch.allclose(got, ref, rtol=rtol, atol=atol),
-               what="your ring attention output equals one-process causal attention",
-               hint="Use ra.make_inputs(s, heads, d, 0, dtype), take the rows of the zigzag partition, causal=True.")
+    attention_on_ranks_equals_reference(
+        results, s, heads, d, causal=causal, what="your ring attention output equals one-process causal attention",
+        hint="Use ra.make_inputs(s, heads, d, 0, dtype), take the rows of the zigzag partition, causal=True.")

@@ -17,8 +17,8 @@ def ex2(answer):
                       "the ring moves K and V p-1 times.")
 
 
-def ex3(results, s, heads, d):
-    """All-gather K/V attention on the ranks (non-causal) equals one-process attention."""
+def attention_on_ranks_equals_reference(results, s, heads, d, *, causal: bool, what: str, hint: str):
+    """Rank outputs (``{"idx", "out"}`` per rank) assembled equal one-process attention (P.10, 12.3.2)."""
     require(results, "the list run.results of your launch")
     import torch
 
@@ -27,9 +27,14 @@ def ex3(results, s, heads, d):
                              "return {'idx': idx, 'out': out} from the worker")
     dt = results[0]["out"].dtype
     q, k, v, _ = ra.make_inputs(s, heads, d, 0, dt)
-    ref = ra.reference_attention(q, k, v)[0]
+    ref = ra.reference_attention(q, k, v, causal=causal)[0]
     got = ra.assemble(results, "out", s).to(torch.float64)
     rtol, atol = ra.tolerance(dt)
-    check_true(len(results) >= 2 and torch.allclose(got, ref, rtol=rtol, atol=atol),
-               what="your all-gather attention equals one-process attention",
-               hint="Gather K and V of every rank in rank order (contiguous partition), then attend with your query rows.")
+    check_true(len(results) >= 2 and torch.allclose(got, ref, rtol=rtol, atol=atol), what=what, hint=hint)
+
+
+def ex3(results, s, heads, d):
+    """All-gather K/V attention on the ranks (non-causal) equals one-process attention."""
+    attention_on_ranks_equals_reference(
+        results, s, heads, d, causal=False, what="your all-gather attention equals one-process attention",
+        hint="Gather K and V of every rank in rank order (contiguous partition), then attend with your query rows.")
