@@ -20,28 +20,11 @@ collectives, the per-op overhead and the communication are always real.
 """
 from __future__ import annotations
 
-import math
 import time
 
 import numpy as np
 
-
-def _durations(durations, name="durations") -> list[float]:
-    try:
-        d = [float(x) for x in durations]
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a sequence of numbers, got {durations!r}") from None
-    if not d:
-        raise ValueError(f"{name} must hold at least one worker's time")
-    if any(not math.isfinite(x) or x < 0 for x in d):
-        raise ValueError(f"{name} must be finite and >= 0 (no negative durations), got {durations!r}")
-    return d
-
-
-def _positive_int(v, name: str) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
-    return int(v)
+from .validate import durations as _durations, integer_at_least as _positive_int
 
 
 # ---- 1. synchronisation: the barrier ---------------------------------------------------------

@@ -31,19 +31,7 @@ import time
 
 import numpy as np
 
-from .validate import integer_at_least as _pos_int, positive_number as _pos_real
-
-
-def _durations(d, name: str) -> list[float]:
-    try:
-        xs = [float(x) for x in d]
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a sequence of numbers, got {d!r}") from None
-    if not xs:
-        raise ValueError(f"{name} must hold at least one worker's time")
-    if any(not math.isfinite(x) or x < 0 for x in xs):
-        raise ValueError(f"{name} must be finite and >= 0, got {d!r}")
-    return xs
+from .validate import durations as _durations, integer_at_least as _pos_int, positive_number as _pos_real
 
 
 # ==== 1. stragglers ===============================================================================

@@ -21,3 +21,16 @@ def integer_at_least(v, name: str, minimum: int = 1) -> int:
     if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {v!r}")
     return int(v)
+
+
+def durations(values, name: str = "durations") -> list[float]:
+    """Per-worker times as floats; ValueError unless a non-empty sequence of finite numbers >= 0."""
+    try:
+        xs = [float(x) for x in values]
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a sequence of numbers, got {values!r}") from None
+    if not xs:
+        raise ValueError(f"{name} must hold at least one worker's time")
+    if any(not math.isfinite(x) or x < 0 for x in xs):
+        raise ValueError(f"{name} must be finite and >= 0 (no negative durations), got {values!r}")
+    return xs
