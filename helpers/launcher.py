@@ -39,7 +39,7 @@ from .commlog import CommOp, Span, summarize
 BACKENDS = ("gloo", "nccl")
 DEFAULT_CPU_WORLD = 4
 MAX_CPU_RANKS = 16  # each CPU rank is a process holding its own torch (~300 MB)
-DEFAULT_TIMEOUT = 30.0  # seconds; these demos take well under that
+DEFAULT_TIMEOUT = 30.0  # seconds for up to 4 ranks; these demos take well under that
 _GRACE = 5.0  # seconds the watchdog waits past ``timeout`` for a rank to report its own timeout
 _IDLE_WAIT = 10.0  # seconds a launch waits for the workers to finish tearing down the last job
 
@@ -126,6 +126,11 @@ def plan_ranks(world_size: int | None = None, backend: str | None = None, gpus: 
     if n > MAX_CPU_RANKS:
         raise ValueError(f"world_size={n} CPU ranks is more than this launcher allows ({MAX_CPU_RANKS}); each rank is a process")
     return RankPlan("gloo", "cpu", n, note)
+
+
+def default_timeout(world_size: int) -> float:
+    """The default job and collective timeout: 30 s up to 4 ranks, then 30 s x world_size / 4."""
+    return DEFAULT_TIMEOUT * max(1.0, world_size / 4)
 
 
 @dataclass
@@ -294,7 +299,7 @@ def launch(
     *args,
     world_size: int | None = None,
     backend: str | None = None,
-    timeout: float = DEFAULT_TIMEOUT,
+    timeout: float | None = None,
     record: bool = True,
     quiet: bool = False,
     threads: int = 1,
@@ -302,7 +307,9 @@ def launch(
 ) -> Run:
     """Run ``fn(*args, **kwargs)`` on every rank of a fresh process group; return a :class:`Run`.
 
-    ``timeout`` (seconds) bounds the whole job and every collective in it. ``record`` switches
+    ``timeout`` (seconds) bounds the whole job and every collective in it. By default it is
+    :func:`default_timeout` of the world size: 30 s up to 4 ranks, growing with the number of
+    ranks, since on a small CPU machine the rendezvous of 16 processes is itself slow. ``record`` switches
     the communication log on (every c10d call with its bytes). ``threads`` is the number of torch
     threads per CPU rank. ``quiet`` suppresses the one-line description of what ran (rank output
     is still printed).
@@ -311,6 +318,8 @@ def launch(
 
     if not callable(fn):
         raise ValueError(f"fn must be callable, got {type(fn).__name__}")
+    if timeout is None:
+        timeout = default_timeout(world_size if world_size is not None else DEFAULT_CPU_WORLD)
     if not (isinstance(timeout, (int, float)) and timeout > 0):
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
     if not (isinstance(threads, int) and threads >= 1):

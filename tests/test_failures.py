@@ -49,7 +49,6 @@ def test_measured_straggler_reproduces_the_arithmetic():
     assert min(m["mean_step_per_rank"]) >= comp[3]
     # idle from the waits inside the all-reduce matches idle from the model fed the same numbers
     assert m["measured_idle_fraction"] == pytest.approx(m["model"]["idle_fraction"], abs=0.05)
-    assert 0.1 < m["measured_idle_fraction"] < 0.35
 
 
 # ---- 2. uneven micro-batches ------------------------------------------------------------------------

@@ -49,6 +49,10 @@ def test_bad_input_is_rejected_with_the_constraint(kwargs, match):
         plan_ranks(**kwargs)
 
 
+def test_the_default_timeout_grows_with_the_number_of_ranks():
+    assert [launcher.default_timeout(n) for n in (1, 4, 8, 16)] == [30.0, 30.0, 60.0, 120.0]
+
+
 def test_launch_rejects_bad_arguments_before_starting_anything():
     with pytest.raises(ValueError, match="fn must be callable"):
         launch(42)
