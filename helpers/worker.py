@@ -141,6 +141,10 @@ def main(conn, rank: int, device_type: str, parent_pid: int, store_port: int, th
         torch.cuda.set_device(rank)
     else:
         torch.set_num_threads(threads)  # several ranks share the CPU cores
+        # gloo connects a group's pairs on first use instead of all at creation: a 4-D mesh of 16
+        # ranks creates 32 subgroups, and connecting all their pairs at once on a loaded 2-core
+        # machine sometimes failed ("connectFullMesh ... Connection closed by peer")
+        os.environ.setdefault("TORCH_GLOO_LAZY_INIT", "1")
     store = dist.TCPStore("127.0.0.1", store_port, is_master=False, timeout=timedelta(seconds=60))
     lock = threading.Lock()
 
