@@ -128,6 +128,18 @@ def plan_ranks(world_size: int | None = None, backend: str | None = None, gpus: 
     return RankPlan("gloo", "cpu", n, note)
 
 
+def lazy_connect(plan: RankPlan) -> bool:
+    """Whether gloo connects each group's pairs on first use rather than at the group's creation.
+
+    Only for gloo jobs of more than 8 ranks: a 16-rank 4-D mesh creates 32 subgroups, and
+    connecting all their pairs at once on a loaded 2-core machine sometimes failed
+    ("connectFullMesh ... Connection closed by peer"). Smaller jobs keep eager connection, which
+    keeps failure diagnostics prompt (a monitored barrier names the missing rank after its own
+    timeout instead of waiting on a lazy connection to it).
+    """
+    return plan.backend == "gloo" and plan.world_size > 8
+
+
 def default_timeout(world_size: int) -> float:
     """The default job and collective timeout: 30 s up to 4 ranks, then 30 s x world_size / 4."""
     return DEFAULT_TIMEOUT * max(1.0, world_size / 4)
@@ -336,7 +348,8 @@ def launch(
     payload = cloudpickle.dumps((fn, args, kwargs))
     job_id = pool.next_job
     pool.next_job += 1
-    opts = {"backend": plan.backend, "world_size": plan.world_size, "timeout": float(timeout), "record": record}
+    opts = {"backend": plan.backend, "world_size": plan.world_size, "timeout": float(timeout), "record": record,
+            "lazy_connect": lazy_connect(plan)}
     n = plan.world_size
     for c in pool.conns[:n]:
         c.send(("job", job_id, payload, opts))  # every receiver is idle, so this cannot block for long

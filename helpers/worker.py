@@ -99,6 +99,9 @@ def _run_job(send, rank, job_id, payload, opts, store):
     sys.stdout = _Forward(send, job_id, "stdout")
     sys.stderr = _Forward(send, job_id, "stderr")
     log = CommLog(record_comm=opts["record"])
+    # gloo connects a group's pairs when the group is created, or on first use when this is "1";
+    # read at each process group's creation (see launcher.lazy_connect)
+    os.environ["TORCH_GLOO_LAZY_INIT"] = "1" if opts.get("lazy_connect") else "0"
     try:
         dist.init_process_group(
             opts["backend"],
@@ -141,10 +144,6 @@ def main(conn, rank: int, device_type: str, parent_pid: int, store_port: int, th
         torch.cuda.set_device(rank)
     else:
         torch.set_num_threads(threads)  # several ranks share the CPU cores
-        # gloo connects a group's pairs on first use instead of all at creation: a 4-D mesh of 16
-        # ranks creates 32 subgroups, and connecting all their pairs at once on a loaded 2-core
-        # machine sometimes failed ("connectFullMesh ... Connection closed by peer")
-        os.environ.setdefault("TORCH_GLOO_LAZY_INIT", "1")
     store = dist.TCPStore("127.0.0.1", store_port, is_master=False, timeout=timedelta(seconds=60))
     lock = threading.Lock()
 

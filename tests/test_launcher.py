@@ -49,6 +49,22 @@ def test_bad_input_is_rejected_with_the_constraint(kwargs, match):
         plan_ranks(**kwargs)
 
 
+def test_only_large_gloo_jobs_connect_lazily():
+    assert [launcher.lazy_connect(plan_ranks(n, gpus=0)) for n in (2, 4, 8, 16)] == [False, False, False, True]
+    assert not launcher.lazy_connect(plan_ranks(16, gpus=16))  # NCCL: not a gloo setting
+
+
+def _lazy_setting():
+    import os
+
+    return os.environ.get("TORCH_GLOO_LAZY_INIT")
+
+
+def test_the_connection_mode_reaches_the_ranks_per_job():
+    assert launch(_lazy_setting, world_size=2, quiet=True).results == ["0", "0"]
+    assert set(launch(_lazy_setting, world_size=9, quiet=True).results) == {"1"}
+
+
 def test_the_default_timeout_grows_with_the_number_of_ranks():
     assert [launcher.default_timeout(n) for n in (1, 4, 8, 16)] == [30.0, 30.0, 60.0, 120.0]
 
