@@ -400,6 +400,17 @@ def _ring_exchange(send_buf, recv_buf, rank, p):
     return dist.batch_isend_irecv(ops)
 
 
+def _ring_setup(q, cfg):
+    """What the forward and the backward ring both start from: rank, ring size, shapes, this
+    rank's token positions, tile size, softmax scale and accumulation dtype."""
+    import torch.distributed as dist
+
+    rank, p = dist.get_rank(), dist.get_world_size()
+    H, n, d = q.shape
+    tile = n if cfg.tile is None else cfg.tile
+    return rank, p, H, n, d, _positions(n, p, cfg), tile, 1.0 / math.sqrt(d), acc_dtype(q.dtype)
+
+
 def _positions(n_local, p, cfg):
     return partition_indices(n_local * p, p, cfg.scheme)
 
@@ -413,14 +424,8 @@ def _span(name):
 def ring_forward(q, k, v, cfg: RingConfig):
     """Forward ring on this rank: returns ``(out, lse)``; ``out`` in q's dtype, ``lse`` in float32/64."""
     import torch
-    import torch.distributed as dist
 
-    rank, p = dist.get_rank(), dist.get_world_size()
-    H, n, d = q.shape
-    pos = _positions(n, p, cfg)
-    tile = n if cfg.tile is None else cfg.tile
-    scale = 1.0 / math.sqrt(d)
-    acc = acc_dtype(q.dtype)
+    rank, p, H, n, d, pos, tile, scale, acc = _ring_setup(q, cfg)
     out = torch.zeros(H, n, v.shape[-1], dtype=acc, device=q.device)
     lse = torch.full((H, n), -math.inf, dtype=acc, device=q.device)
     st = cfg.stats.setdefault("forward", {"compute_s": [], "compute_cpu_s": [], "wait_s": [], "tiles": [], "src": []})
@@ -471,14 +476,8 @@ def ring_backward(q, k, v, out, lse, dout, cfg: RingConfig):
     behind them, each rank adding its contribution, and after ``p`` sends it is back at its owner.
     """
     import torch
-    import torch.distributed as dist
 
-    rank, p = dist.get_rank(), dist.get_world_size()
-    H, n, d = q.shape
-    pos = _positions(n, p, cfg)
-    tile = n if cfg.tile is None else cfg.tile
-    scale = 1.0 / math.sqrt(d)
-    acc = acc_dtype(q.dtype)
+    rank, p, H, n, d, pos, tile, scale, acc = _ring_setup(q, cfg)
     delta = (dout.to(acc) * out.to(acc)).sum(-1)
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
     st = cfg.stats.setdefault("backward", {"compute_s": [], "compute_cpu_s": [], "wait_s": [], "tiles": [], "src": []})
