@@ -77,7 +77,9 @@ def straggler_worker(steps: int = 8, base_s: float = 0.100, slow_rank: int | Non
     times ``1 + jitter * N(0, 1)`` per step), then a real all-reduce of ``allreduce_elems`` float32.
     Returns this rank's per-step lists (seconds): ``compute``, ``allreduce`` (time inside the
     all-reduce call, waiting included), ``step`` (step start to all-reduce end) and ``arrive``
-    (when the rank reached the all-reduce, relative to the step's start on this rank).
+    (when the rank reached the all-reduce, relative to the step's start on this rank), plus
+    ``arrive_clock`` and ``leave_clock``: the same two moments on ``time.monotonic()``, a clock
+    that all processes of one host share (so they compare across ranks only on one host).
     """
     import torch
     import torch.distributed as dist
@@ -88,21 +90,23 @@ def straggler_worker(steps: int = 8, base_s: float = 0.100, slow_rank: int | Non
     rank = dist.get_rank()
     rng = np.random.default_rng([seed, rank])
     grad = torch.ones(allreduce_elems, dtype=torch.float32)
-    out = {"compute": [], "allreduce": [], "step": [], "arrive": []}
+    out = {"compute": [], "allreduce": [], "step": [], "arrive": [], "arrive_clock": [], "leave_clock": []}
     dist.barrier()
     for _ in range(steps):
         t0 = time.perf_counter()
         dur = base_s * (slow_factor if rank == slow_rank else 1.0) * max(0.0, 1.0 + jitter * rng.standard_normal())
         with span("compute"):
             time.sleep(dur)
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.monotonic()
         with span("all_reduce"):
             dist.all_reduce(grad)
-        t2 = time.perf_counter()
+        t2, c2 = time.perf_counter(), time.monotonic()
         out["compute"].append(t1 - t0)
         out["allreduce"].append(t2 - t1)
         out["step"].append(t2 - t0)
         out["arrive"].append(t1 - t0)
+        out["arrive_clock"].append(c1)
+        out["leave_clock"].append(c2)
     return out
 
 
@@ -113,6 +117,12 @@ def straggler_from_measurement(results: list[dict], nominal: float | None = None
     its all-reduce time is taken as the collective's own cost; every other rank's extra time in
     the call is waiting. Averages over steps are fed to :func:`straggler_arithmetic`, and the
     directly measured idle (sum of waits) and step times are returned beside it.
+
+    ``release_after_last_arrival`` (per step, seconds) is the first rank's exit from the
+    all-reduce minus the last rank's entry, on the shared host clock: an all-reduce cannot
+    return anywhere before every rank has contributed, so on one host it is never negative.
+    Per-rank step *durations* do not obey such a bound: each rank starts its step when it left
+    the previous all-reduce, and ranks leave a collective up to a few ms apart under load.
     """
     if not results or any(set(r) < {"compute", "allreduce", "step"} for r in results):
         raise ValueError("results must be the list of per-rank dicts that straggler_worker returns")
@@ -124,6 +134,11 @@ def straggler_from_measurement(results: list[dict], nominal: float | None = None
     waits = ar - pure  # >= 0 up to clock noise
     model = straggler_arithmetic(comp.mean(axis=1), float(pure.mean()), nominal)
     measured_step = float(step.mean())
+    release = None
+    if all("arrive_clock" in r and "leave_clock" in r for r in results):
+        arrive_c = np.array([r["arrive_clock"] for r in results])
+        leave_c = np.array([r["leave_clock"] for r in results])
+        release = (leave_c.min(axis=0) - arrive_c.max(axis=0)).tolist()
     return {
         "model": model,
         "measured_step": measured_step,
@@ -132,6 +147,7 @@ def straggler_from_measurement(results: list[dict], nominal: float | None = None
         "pure_allreduce": float(pure.mean()),
         "mean_compute_per_rank": comp.mean(axis=1).tolist(),
         "mean_step_per_rank": step.mean(axis=1).tolist(),
+        "release_after_last_arrival": release,
     }
 
 

@@ -105,8 +105,8 @@ def test_a_repeated_launch_reuses_the_workers():
     launch(_allreduce_rank_plus_one, world_size=2, quiet=True)
     pids = launcher.live_worker_pids()
     run = launch(_allreduce_rank_plus_one, world_size=2, quiet=True)
+    # the same processes served both jobs; the speed of a repeat launch is the benchmark's business
     assert not run.started_pool and launcher.live_worker_pids() == pids
-    assert run.wall_s < 3.0  # the issue's target is a benchmark; this only catches a relaunch
 
 
 NOTEBOOK_CELL = '''
