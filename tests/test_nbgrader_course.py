@@ -1,0 +1,115 @@
+"""The teacher's nbgrader path of docs/teaching.md, end to end on one notebook (P.6): a course
+directory configured by docs/nbgrader_config.py, ``generate_assignment``, four submissions,
+``autograde``, and the scores read back from the gradebook. A complete answer scores full marks,
+an unanswered copy zero, a mixed one exactly the exercises it got right, and a student who edits
+a locked check cell gains nothing.
+"""
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from helpers import student
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCE = ROOT / "notebooks" / "p_parallel_processing" / "p06_data_parallelism.ipynb"
+ASSIGNMENT = "p06"
+
+
+def _nbgrader(course: Path, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    # nbgrader runs the `alembic` executable to create its database: it must be on PATH, which it
+    # is in an activated environment (docs/teaching.md says so)
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    done = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=course, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, f"nbgrader {' '.join(args)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done
+
+
+def _answer_cell(nb, k: int):
+    (cell,) = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == f"{ASSIGNMENT}-ex{k}-answer"]
+    return cell
+
+
+def _check_cell(nb, k: int):
+    (cell,) = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == f"{ASSIGNMENT}-ex{k}-check"]
+    return cell
+
+
+def _submit(course: Path, who: str, nb) -> None:
+    folder = course / "submitted" / who / ASSIGNMENT
+    folder.mkdir(parents=True)
+    nbformat.write(nb, folder / SOURCE.name)
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    course = tmp_path_factory.mktemp("course")
+    config = (ROOT / "docs" / "nbgrader_config.py").read_text()  # the one docs/teaching.md hands out
+    (course / "nbgrader_config.py").write_text(config + f"c.CourseDirectory.root = {str(course)!r}\n")
+    (course / "source" / ASSIGNMENT).mkdir(parents=True)
+    shutil.copy(SOURCE, course / "source" / ASSIGNMENT)
+    for who in ("complete", "blank", "mixed", "tamperer"):
+        _nbgrader(course, "db", "student", "add", who)
+    _nbgrader(course, "db", "assignment", "add", ASSIGNMENT)
+    _nbgrader(course, "generate_assignment", ASSIGNMENT, "--force")
+    released = nbformat.read(course / "release" / ASSIGNMENT / SOURCE.name, as_version=4)
+    instructor = nbformat.read(SOURCE, as_version=4)
+
+    _submit(course, "complete", instructor)  # every solution in place
+    _submit(course, "blank", released)  # handed in untouched
+    mixed = nbformat.read(course / "release" / ASSIGNMENT / SOURCE.name, as_version=4)
+    _answer_cell(mixed, 1).source = _answer_cell(instructor, 1).source  # right
+    _answer_cell(mixed, 2).source = "answer_2 = 1.0"  # wrong (the loss scale is 2.5)
+    _submit(course, "mixed", mixed)
+    tamper = nbformat.read(course / "release" / ASSIGNMENT / SOURCE.name, as_version=4)
+    for k in (1, 2, 3):
+        _check_cell(tamper, k).source = "pass  # no check here"  # a locked cell, edited
+    _submit(course, "tamperer", tamper)
+
+    _nbgrader(course, "autograde", ASSIGNMENT, "--force")
+    _nbgrader(course, "generate_feedback", ASSIGNMENT)
+    feedback = {who: (course / "feedback" / who / ASSIGNMENT / SOURCE.with_suffix(".html").name).read_text()
+                for who in ("complete", "mixed")}
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
+        scores = {}
+        for who in ("complete", "blank", "mixed", "tamperer"):
+            (nb,) = gb.find_submission(ASSIGNMENT, who).notebooks
+            scores[who] = {g.name: (g.auto_score, g.max_score) for g in nb.grades}
+    return {"released": released, "scores": scores, "feedback": feedback}
+
+
+def test_generate_assignment_releases_what_our_student_build_writes(graded):
+    # with docs/nbgrader_config.py, nbgrader's release and `./workbook student` are the same notebook
+    ours = student.student_notebook(nbformat.read(SOURCE, as_version=4))
+    assert [c.source for c in graded["released"].cells] == [c.source for c in ours.cells]
+
+
+def test_autograde_gives_full_marks_to_the_instructor_solutions(graded):
+    assert graded["scores"]["complete"] == {f"p06-ex{k}-check": (1.0, 1.0) for k in (1, 2, 3)}
+
+
+def test_autograde_gives_zero_to_an_unanswered_copy(graded):
+    assert graded["scores"]["blank"] == {f"p06-ex{k}-check": (0.0, 1.0) for k in (1, 2, 3)}
+
+
+def test_autograde_scores_each_exercise_on_its_own(graded):
+    assert graded["scores"]["mixed"] == {"p06-ex1-check": (1.0, 1.0), "p06-ex2-check": (0.0, 1.0),
+                                         "p06-ex3-check": (0.0, 1.0)}
+
+
+def test_editing_a_locked_check_cell_earns_nothing(graded):
+    # autograde restores locked cells from the source before running them
+    assert graded["scores"]["tamperer"] == {f"p06-ex{k}-check": (0.0, 1.0) for k in (1, 2, 3)}
+
+
+def test_feedback_shows_each_student_their_score(graded):
+    assert "Score: 3.0 / 3.0" in graded["feedback"]["complete"]
+    assert "Score: 1.0 / 3.0" in graded["feedback"]["mixed"]
