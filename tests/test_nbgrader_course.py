@@ -31,13 +31,9 @@ def _nbgrader(course: Path, *args: str) -> subprocess.CompletedProcess:
     return done
 
 
-def _answer_cell(nb, k: int):
-    (cell,) = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == f"{ASSIGNMENT}-ex{k}-answer"]
-    return cell
-
-
-def _check_cell(nb, k: int):
-    (cell,) = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == f"{ASSIGNMENT}-ex{k}-check"]
+def _cell(nb, k: int, part: str):
+    """Exercise ``k``'s ``answer`` or ``check`` cell, found by its nbgrader grade id."""
+    (cell,) = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == f"{ASSIGNMENT}-ex{k}-{part}"]
     return cell
 
 
@@ -64,12 +60,12 @@ def graded(tmp_path_factory):
     _submit(course, "complete", instructor)  # every solution in place
     _submit(course, "blank", released)  # handed in untouched
     mixed = nbformat.read(course / "release" / ASSIGNMENT / SOURCE.name, as_version=4)
-    _answer_cell(mixed, 1).source = _answer_cell(instructor, 1).source  # right
-    _answer_cell(mixed, 2).source = "answer_2 = 1.0"  # wrong (the loss scale is 2.5)
+    _cell(mixed, 1, "answer").source = _cell(instructor, 1, "answer").source  # right
+    _cell(mixed, 2, "answer").source = "answer_2 = 1.0"  # wrong (the right answer is 4 * 20 / 32 = 2.5)
     _submit(course, "mixed", mixed)
     tamper = nbformat.read(course / "release" / ASSIGNMENT / SOURCE.name, as_version=4)
     for k in (1, 2, 3):
-        _check_cell(tamper, k).source = "pass  # no check here"  # a locked cell, edited
+        _cell(tamper, k, "check").source = "pass  # no check here"  # a locked cell, edited
     _submit(course, "tamperer", tamper)
 
     _nbgrader(course, "autograde", ASSIGNMENT, "--force")
