@@ -192,7 +192,11 @@ class _Pool:
         self.busy: set[int] = set()  # ranks that have not yet reported "idle" after their last job
         self.next_job = 0
         ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["torch", "torch.distributed", "cloudpickle", "helpers.worker"])
+        # torch._dynamo too: the communication recorder is a TorchDispatchMode, and the first op
+        # under a mode imports torch._dynamo (torch._compile._disable_dynamo), 3-4 s of CPU. Paid
+        # once here, not by every rank of every fresh pool (measured: a 1 s monitored barrier
+        # took 4.5 s to fail on fresh workers, over 10 s on a loaded two-core machine).
+        ctx.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "cloudpickle", "helpers.worker"])
         self.ctx = ctx
 
     def grow(self, n: int, deadline: float):
