@@ -109,6 +109,20 @@ def test_a_repeated_launch_reuses_the_workers():
     assert not run.started_pool and launcher.live_worker_pids() == pids
 
 
+def _modules_before_the_first_op():
+    import sys
+
+    return {m: m in sys.modules for m in ("torch", "torch.distributed", "torch._dynamo", "cloudpickle")}
+
+
+def test_workers_start_with_what_the_first_op_would_otherwise_import():
+    # the recorder is a TorchDispatchMode; the first op under it imports torch._dynamo, 3-4 s of
+    # CPU per rank when not already loaded: the forkserver loads it once for all workers
+    launcher.shutdown()
+    run = launch(_modules_before_the_first_op, world_size=2, quiet=True)
+    assert run.started_pool and all(all(r.values()) for r in run.results), run.results
+
+
 NOTEBOOK_CELL = '''
 import torch, torch.distributed as dist
 SCALE = 3.0
