@@ -111,6 +111,17 @@ def local_full_gradient_worker(X, y, w, sizes):
     return g.numpy()
 
 
+def rank_rows(batch: int, rank: int, world: int) -> slice:
+    """The contiguous rows of a ``batch`` that ``rank`` of ``world`` takes in an even split (P.6).
+
+    Raises ``ValueError`` naming the constraint unless ``world`` divides ``batch``.
+    """
+    if batch % world:
+        raise ValueError(f"world size {world} does not divide the batch {batch}")
+    per = batch // world
+    return slice(rank * per, (rank + 1) * per)
+
+
 def shard_sizes_for(batch: int, world: int, sizes=None) -> list[int]:
     """Per-rank shard sizes: ``sizes`` as given (checked) or an even split of ``batch``."""
     if sizes is None:

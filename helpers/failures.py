@@ -375,11 +375,10 @@ def checkpoint_train_worker(ckpt_dir: str | None, steps: int = 8, save_at: int |
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_model_state_dict, set_state_dict
     from torch.distributed.fsdp import fully_shard
 
-    from .data_parallel import make_batches, make_model
+    from .data_parallel import make_batches, make_model, rank_rows
 
-    rank, world = dist.get_rank(), dist.get_world_size()
-    if batch % world:
-        raise ValueError(f"the world size {world} must divide the batch {batch}")
+    world = dist.get_world_size()
+    mine = rank_rows(batch, dist.get_rank(), world)
     if (save_at is not None or resume) and not ckpt_dir:
         raise ValueError("saving or resuming needs a ckpt_dir")
     model = make_model(0, sizes=sizes)
@@ -403,8 +402,6 @@ def checkpoint_train_worker(ckpt_dir: str | None, steps: int = 8, save_at: int |
             set_model_state_dict(model, sd["model"])
         start = int(sd["step"])
     X, y = make_batches(steps, batch)
-    per = batch // world
-    mine = slice(rank * per, (rank + 1) * per)
     losses = []
     for k in range(start, steps):
         opt.zero_grad()

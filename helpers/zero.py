@@ -482,17 +482,16 @@ def zero_train_worker(zero_stage: int, steps: int = 3, batch: int = 16, sizes=DE
     import torch.distributed as dist
 
     from .commlog import span
+    from .data_parallel import rank_rows
 
     if not (isinstance(micro_batches, int) and micro_batches >= 1):
         raise ValueError(f"micro_batches must be an integer >= 1, got {micro_batches!r}")
     if defer_reduce and zero_stage != 2:
         raise ValueError(f"defer_reduce applies to stage 2 only (stages 0-1 reduce once per step anyway), got stage {zero_stage}")
     rank, world = dist.get_rank(), dist.get_world_size()
-    if batch % world:
-        raise ValueError(f"world size {world} does not divide the batch {batch}")
+    mine = rank_rows(batch, rank, world)
     z = HandZero(zero_stage, sizes, precision, seed)
     X, Y = make_regression(steps * micro_batches, batch, sizes)
-    mine = slice(rank * (batch // world), (rank + 1) * (batch // world))
     losses = []
     for k in range(steps):
         with span("step"):
@@ -529,13 +528,11 @@ def _train_loop(model, opt, steps, batch, sizes, micro_batches=1, context=None):
     import torch.distributed as dist
 
     from .commlog import span
+    from .data_parallel import rank_rows
     from .worker import device
 
-    rank, world = dist.get_rank(), dist.get_world_size()
-    if batch % world:
-        raise ValueError(f"world size {world} does not divide the batch {batch}")
+    mine = rank_rows(batch, dist.get_rank(), dist.get_world_size())
     X, Y = make_regression(steps * micro_batches, batch, sizes)
-    mine = slice(rank * (batch // world), (rank + 1) * (batch // world))
     losses = []
     for k in range(steps):
         with span("step"):

@@ -28,6 +28,7 @@ def test_effective_batch():
         (lambda: dp.split_at(10, [10, 0]), "at least one example"),
         (lambda: dp.effective_batch(0, 8), "per_worker must be an integer >= 1"),
         (lambda: dp.shard_sizes_for(30, 4), "world size 4 does not divide the batch 30"),
+        (lambda: dp.rank_rows(30, 0, 4), "world size 4 does not divide the batch 30"),
     ],
 )
 def test_bad_input(call, match):
@@ -59,3 +60,8 @@ def test_no_sync_gives_the_same_gradient_with_one_all_reduce():
     assert with_ns.count("all_reduce") == 1 and without.count("all_reduce") == 4
     for run in (with_ns, without):
         assert (run.results[0] - ref).abs().max().item() < 1e-12
+
+
+def test_rank_rows_tile_the_batch_in_rank_order():
+    rows = [dp.rank_rows(12, r, 3) for r in range(3)]
+    assert rows == [slice(0, 4), slice(4, 8), slice(8, 12)]
