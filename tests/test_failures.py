@@ -124,9 +124,9 @@ def test_a_dead_process_is_found_among_the_failures():
     assert launcher.live_worker_pids() == []
 
 
-def test_mismatched_collectives_hang_until_the_timeout():
-    launch(F.straggler_worker, steps=1, base_s=0.0, allreduce_elems=4, world_size=4, quiet=True)  # start the workers first:
-    t0 = time.monotonic()  # the bound is on the hang, not on a pool start after the previous failure
+def test_mismatched_collectives_hang_until_the_timeout(warm_workers):
+    warm_workers(4)  # the bound is on the hang, not on a pool start after the previous failure
+    t0 = time.monotonic()
     with pytest.raises((RankError, LaunchTimeout)) as info:
         launch(F.mismatched_collectives_worker, 3, world_size=4, timeout=1.5, quiet=True)
     elapsed = time.monotonic() - t0

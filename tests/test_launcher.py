@@ -181,15 +181,8 @@ def _rank_two_raises():
     return 1
 
 
-def _warm(n):
-    """Start ``n`` workers before a timed failure, so the clock measures the job and not a pool
-    start (a previous failure leaves no workers; starting them takes seconds on a loaded CI)."""
-    launch(_allreduce_rank_plus_one, world_size=n, quiet=True)
-
-
-def test_a_raising_rank_raises_with_its_number_and_traceback_quickly(capsys):
-    _warm(4)
-    capsys.readouterr()
+def test_a_raising_rank_raises_with_its_number_and_traceback_quickly(capsys, warm_workers):
+    warm_workers(4)
     t0 = time.monotonic()
     with pytest.raises(RankError) as info:
         launch(_rank_two_raises, world_size=4, timeout=20, quiet=True)
@@ -214,8 +207,8 @@ def _rank_one_skips_the_collective():
     return dist.get_rank()
 
 
-def test_a_rank_stuck_in_a_collective_fails_after_the_timeout():
-    _warm(2)
+def test_a_rank_stuck_in_a_collective_fails_after_the_timeout(warm_workers):
+    warm_workers(2)
     t0 = time.monotonic()
     with pytest.raises(RankError, match="rank 0 raised") as info:
         launch(_rank_one_skips_the_collective, world_size=2, timeout=3, quiet=True)
@@ -235,8 +228,8 @@ def _rank_zero_loops_forever():
     return 0
 
 
-def test_a_hung_rank_outside_collectives_is_killed_after_the_timeout():
-    _warm(2)
+def test_a_hung_rank_outside_collectives_is_killed_after_the_timeout(warm_workers):
+    warm_workers(2)
     t0 = time.monotonic()
     with pytest.raises(LaunchTimeout) as info:
         launch(_rank_zero_loops_forever, world_size=2, timeout=2, quiet=True)
