@@ -42,6 +42,8 @@ import numbers
 from dataclasses import dataclass, field
 from fractions import Fraction
 
+from helpers.plots import PHASE_COLORS
+
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
 DEFINITIONS = ("total", "useful")
 KINDS = ("F", "B", "W")
@@ -442,7 +444,8 @@ def min_microbatches(p: int, target, definition: str = "useful") -> int:
 
 # ---- drawing ---------------------------------------------------------------------------------------
 
-COLORS = {"F": "#4C72B0", "B": "#DD8452", "W": "#55A868"}
+# the same colours as measured timelines (helpers.plots.PHASE_COLORS): F blue, B orange, W green
+COLORS = {k: PHASE_COLORS[name] for k, name in (("F", "forward"), ("B", "backward"), ("W", "weight grad"))}
 
 
 def gantt(tl: Timeline, ax=None, title: str | None = None, labels: bool = True, time_unit: str = "", xmax=None):
