@@ -9,9 +9,16 @@ note telling the reader to run the cell, followed by what the controls showed at
 values (the outputs the stored state kept for the widget's ``Output``: the sentence and the
 figure, as ordinary outputs that render anywhere), and drops the stored widget state.
 
-``python -m helpers.nbfiles NOTEBOOK ...`` does it in place (``./workbook refresh`` runs it after
+A notebook must also stay byte for byte the same when a student merely opens it: JupyterLab
+writes the running kernel's ``language_info`` into the notebook when the kernel starts, so a
+stored Python version other than the student's (3.11.2 here, 3.12.1 there) makes the document
+dirty and autosave rewrites it (a conflict at the next ``git pull``). Notebooks are therefore
+stored without ``language_info.version``, and :func:`pre_save_hook`, which ``./workbook lab``
+installs as the server's pre-save hook (``jupyter_config/common``), drops it from every save.
+
+``python -m helpers.nbfiles NOTEBOOK ...`` does both in place (``./workbook refresh`` runs it after
 executing each notebook); files are written as ``nbformat.writes`` plus a newline, which is what
-JupyterLab writes, so opening a notebook does not modify it.
+the server writes, so a save right after opening leaves the file as it was.
 """
 from __future__ import annotations
 
@@ -69,6 +76,19 @@ def strip_widget_views(nb) -> int:
     return replaced
 
 
+def drop_python_version(nb_json: dict) -> None:
+    """Remove ``metadata.language_info.version`` (it differs from student to student), in place."""
+    info = nb_json.get("metadata", {}).get("language_info")
+    if isinstance(info, dict):
+        info.pop("version", None)
+
+
+def pre_save_hook(model, **kwargs) -> None:
+    """Jupyter server pre-save hook: a notebook is saved without its kernel's Python version."""
+    if model.get("type") == "notebook" and isinstance(model.get("content"), dict):
+        drop_python_version(model["content"])
+
+
 def stored_widget_problems(nb) -> list[str]:
     """Where a notebook stores a widget view or widget state (empty list: none)."""
     problems = [f"cell {i}: a stored widget view" for i, c in enumerate(nb.cells)
@@ -87,11 +107,13 @@ def write(nb, path) -> None:
 
 
 def clean_file(path) -> int:
-    """:func:`strip_widget_views` on a notebook file, rewritten in place; returns the count."""
+    """:func:`strip_widget_views` and :func:`drop_python_version` on a notebook file, rewritten
+    in place; returns the number of widget views replaced."""
     import nbformat
 
     nb = nbformat.read(path, as_version=4)
     n = strip_widget_views(nb)
+    drop_python_version(nb)
     write(nb, path)
     return n
 
