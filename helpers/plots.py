@@ -318,34 +318,46 @@ def _controls_class():
             self._draw(note)
 
         def _draw(self, note, first=False):
-            import sys
+            """Run the callback and set the Output's outputs to what it printed and drew.
 
-            from IPython.display import Image, display
+            The outputs are set as the Output widget's state, not captured from the kernel's
+            messages (``with out:``): JupyterLab creates the Output's model asynchronously, and
+            output sent before it is ready lands in the cell, above the controls, where the next
+            run cannot clear it (seen in the browser test).
+            """
+            import base64
+            import contextlib
+            import sys
+            import traceback
 
             pyplot = sys.modules.get("matplotlib.pyplot")
             before = set(pyplot.get_fignums()) if first and pyplot else set()
-            error = None
-            with self.out:
-                self.out.clear_output(wait=True)
-                if note:
-                    say(note)
-                try:
+            text, outputs, error = io.StringIO(), [], None
+            try:
+                with contextlib.redirect_stdout(text):
+                    if note:
+                        say(note)
                     figs = _figures(self.fn(**self.values))
-                    made = set(pyplot.get_fignums()) - before if first and pyplot else set()
-                    if made:
-                        for num in made:
-                            pyplot.close(num)
-                        raise TypeError("a controls callback must draw on plots.figure(...) and return the "
-                                        "figure, not use pyplot (plt.subplots / plt.figure)")
-                    for fig in figs:
-                        display(Image(data=_png(fig), format="png"))
-                except Exception as exc:
-                    if not first:
-                        raise  # the Output shows the traceback under the controls
-                    error = exc
-                finally:
-                    self.runs += 1
-            if error is not None:
+                made = set(pyplot.get_fignums()) - before if first and pyplot else set()
+                if made:
+                    for num in made:
+                        pyplot.close(num)
+                    raise TypeError("a controls callback must draw on plots.figure(...) and return the "
+                                    "figure, not use pyplot (plt.subplots / plt.figure)")
+                images = [base64.b64encode(_png(fig)).decode("ascii") for fig in figs]
+            except Exception as exc:
+                error, images = exc, []
+            finally:
+                self.runs += 1
+            if text.getvalue():
+                outputs.append({"output_type": "stream", "name": "stdout", "text": text.getvalue()})
+            outputs += [{"output_type": "display_data", "metadata": {},
+                         "data": {"image/png": png, "text/plain": "<figure>"}} for png in images]
+            if error is not None and not first:  # shown under the controls; the controls stay usable
+                outputs.append({"output_type": "error", "ename": type(error).__name__, "evalue": str(error),
+                                "traceback": traceback.format_exception(error)})
+            self.out.outputs = tuple(outputs)
+            if error is not None and first:
                 raise error  # the first run is the cell's own: a broken callback fails the cell
 
     return Controls
@@ -370,7 +382,8 @@ def controls(fn, /, **widgets):
       is refused (ValueError / TypeError), so the controls start exactly at the book's values and
       the callback does not run a second time on its own right after the cell;
     * figures are drawn off pyplot and shown as PNG images, so no other cell's inline flush can
-      blank or steal them; a callback that uses pyplot fails;
+      blank or steal them; a callback that uses pyplot fails; what the callback prints and draws
+      becomes the Output's state (not captured messages), so it always lands under the controls;
     * control names are shown in full and aligned; sliders update on release;
     * after a change the output first says which control moved, from what to what, and where
       it started (the book's value);

@@ -47,24 +47,28 @@ def test_start_values_the_browser_would_move_are_refused():
     assert ok.start == ok.values == {"a": 1024, "mode": "y"}
 
 
-def test_controls_run_once_then_once_per_change_and_say_what_moved(capsys):
+def _text(c):
+    return "".join(o["text"] for o in c.out.outputs if o["output_type"] == "stream")
+
+
+def test_controls_run_once_then_once_per_change_and_say_what_moved():
     c = plots.controls(_draw, a=IntSlider(value=3, min=0, max=10, description="size"))
-    assert c.runs == 1 and c in plots.live_controls()
+    assert c.runs == 1 and c in plots.live_controls() and _text(c) == "a is 3, mode x\n"
     c.widgets["a"].value = 5
     assert c.runs == 2 and c.values == {"a": 5} and c.start == {"a": 3}
-    out = capsys.readouterr().out  # outside a kernel the Output widget passes prints through
-    assert "You moved 'size' from 3 to 5 (it starts at 3)." in out and "a is 5, mode x" in out
+    assert _text(c) == "You moved 'size' from 3 to 5 (it starts at 3).\na is 5, mode x\n"  # replaced, not added
     assert c.widgets["a"].continuous_update is False
     assert c.widgets["a"].style.description_width == f"{len('size') + 2}ch"
 
 
-def test_controls_show_figures_as_png_and_leave_pyplot_alone(capsys):
+def test_controls_show_figures_as_png_and_leave_pyplot_alone():
+    import base64
+
     before = plt.get_fignums()
-    plots.controls(_draw, a=IntSlider(value=3, min=0, max=10))
+    c = plots.controls(_draw, a=IntSlider(value=3, min=0, max=10))
     assert plt.get_fignums() == before  # nothing left for the inline backend to flush
-    assert "<IPython.core.display.Image object>" in capsys.readouterr().out  # shown as an image
-    png = plots._png(_draw(2))
-    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    images = [o["data"]["image/png"] for o in c.out.outputs if o["output_type"] == "display_data"]
+    assert len(images) == 1 and base64.b64decode(images[0])[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_controls_reject_pyplot_callbacks_and_bad_arguments():
@@ -86,12 +90,17 @@ def test_controls_reject_pyplot_callbacks_and_bad_arguments():
         plots.controls(lambda a: "text", a=IntSlider(1, 0, 3))
 
 
-def test_an_error_in_the_first_run_fails_the_cell():
+def test_an_error_fails_the_first_run_and_shows_under_the_controls_later():
     def broken(a):
-        raise ZeroDivisionError("no")
+        if a != 2:
+            raise ZeroDivisionError("no")
 
     with pytest.raises(ZeroDivisionError):
         plots.controls(broken, a=IntSlider(1, 0, 3))
+    c = plots.controls(broken, a=IntSlider(2, 0, 3))
+    c.widgets["a"].value = 3  # does not raise: the error is the Output's, the controls stay usable
+    assert [o["output_type"] for o in c.out.outputs] == ["stream", "error"]
+    assert c.out.outputs[-1]["ename"] == "ZeroDivisionError"
 
 
 def test_say_wraps_at_words():
