@@ -12,14 +12,16 @@ worker code needs no hand counting:
 Payload bytes ``S`` are the bytes of the whole buffer an op concerns (the tensor all-reduced, the
 full output of an all-gather, the full input of a reduce-scatter, the tensor sent or received).
 ``model_sent`` is what a ring algorithm sends from each rank for that payload, the textbook cost
-of P.7: ``2(N-1)/N*S`` for all-reduce, ``(N-1)/N*S`` for all-gather, reduce-scatter and
-all-to-all. For ``send`` it is exact: the bytes handed to the wire.
+of P.7 (:func:`helpers.costs.ring_bytes_sent`): ``2(N-1)/N*S`` for all-reduce, ``(N-1)/N*S`` for
+all-gather, reduce-scatter and all-to-all. For ``send`` it is exact: the bytes handed to the wire.
 """
 from __future__ import annotations
 
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
+
+from .costs import ring_bytes_sent
 
 # c10d dispatcher op name -> (our name, which positional argument holds the payload tensors)
 _OPS = {
@@ -83,29 +85,6 @@ class Span:
     @property
     def duration(self) -> float:
         return self.end - self.start
-
-
-def ring_bytes_sent(op: str, payload_bytes: float, group_size: int) -> float:
-    """Bytes one rank sends for a collective of ``payload_bytes`` on a ring of ``group_size``.
-
-    P.7: a ring all-reduce sends 2(N-1)/N*S per rank, reduce-scatter and all-gather each half of
-    that; a send sends S. Ops without a single standard cost (broadcast, reduce, gather, scatter)
-    are counted as S, the bytes the root's tree or pipeline must push at least once.
-    """
-    if group_size < 1:
-        raise ValueError(f"group_size must be >= 1, got {group_size}")
-    if payload_bytes < 0:
-        raise ValueError(f"payload_bytes must be >= 0, got {payload_bytes}")
-    n = group_size
-    if op == "all_reduce":
-        return 2 * (n - 1) / n * payload_bytes
-    if op in ("all_gather", "reduce_scatter", "all_to_all"):
-        return (n - 1) / n * payload_bytes
-    if op in ("recv", "barrier"):
-        return 0.0
-    if op == "send":
-        return float(payload_bytes)
-    return float(payload_bytes) if n > 1 else 0.0
 
 
 def _tensor_bytes(obj) -> int:

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import costs
 from .validate import integer_at_least as _int, positive_number as _pos
 
 MECHANISMS = {
@@ -73,7 +74,7 @@ def decode_time_per_token(weight_bytes: float, mem_bw: float, tp: int = 1, layer
     t = _int(tp, "tp (the tensor-parallel degree)")
     L, k = _int(layers, "layers"), _int(allreduces_per_layer, "allreduces_per_layer", 0)
     a, S = _pos(alpha, "alpha", True), _pos(message_bytes, "message_bytes", True)
-    per_ar = a + (2 * (t - 1) / t * S / _pos(link_bw, "link_bw") if link_bw is not None else 0.0)
+    per_ar = a + (costs.allreduce_bytes(t, S) / _pos(link_bw, "link_bw") if link_bw is not None else 0.0)
     n_ar = L * k if t > 1 else 0
     memory, comm = W / t / B, n_ar * per_ar
     total = memory + comm

@@ -1,6 +1,7 @@
 """Memory accounting for data-parallel training (12.1.1 naive DDP; 12.1.2 ZeRO stages).
 
-Bytes per parameter, split by component, for a precision recipe and an optimizer; per-device
+Bytes per parameter, split by component, for a precision recipe and an optimizer (the table lives
+in :mod:`helpers.costs`: :func:`bytes_per_param`, :data:`PRECISIONS`, :data:`OPTIMIZERS`); per-device
 model-state memory for a world size and a ZeRO stage (0 = naive DDP, every device holds it all);
 and the measurement of what a real PyTorch model and optimizer hold, to put beside the model.
 
@@ -9,49 +10,11 @@ Units: sizes in bytes; the chapters' "GB" is decimal (1e9 bytes), and so is :dat
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+
+from . import costs
+from .costs import COMPONENTS, OPTIMIZERS, PRECISIONS, BytesPerParam, bytes_per_param  # noqa: F401 (this section's names)
 
 GB = 1e9
-
-# precision recipe -> bytes per parameter of (weights, gradients, fp32 master copy, each optimizer moment)
-PRECISIONS = {
-    "bf16-mixed": (2, 2, 4, 4),  # bf16 weights and grads, fp32 master weights and moments (12.1.1)
-    "fp16-mixed": (2, 2, 4, 4),  # the ZeRO paper's recipe: same byte counts
-    "fp32": (4, 4, 0, 4),  # everything in fp32; the weights are the master copy
-    "bf16": (2, 2, 0, 2),  # pure bf16: no master copy, moments in bf16
-}
-# optimizer -> number of moment tensors per parameter
-OPTIMIZERS = {"adamw": 2, "adam": 2, "sgd-momentum": 1, "sgd": 0}
-COMPONENTS = ("weights", "gradients", "master", "moments")
-
-
-@dataclass(frozen=True)
-class BytesPerParam:
-    """Bytes per parameter by component; ``total`` is their sum (16 for bf16-mixed AdamW)."""
-
-    weights: float
-    gradients: float
-    master: float
-    moments: float
-
-    @property
-    def optimizer_state(self) -> float:
-        """Master copy plus moments: the ZeRO paper's K (12 for mixed-precision Adam)."""
-        return self.master + self.moments
-
-    @property
-    def total(self) -> float:
-        return self.weights + self.gradients + self.master + self.moments
-
-
-def bytes_per_param(precision: str = "bf16-mixed", optimizer: str = "adamw") -> BytesPerParam:
-    """Bytes each parameter costs in model state (12.1.1): weights, gradients, master, moments."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"unknown precision {precision!r}: allowed are {sorted(PRECISIONS)}")
-    if optimizer not in OPTIMIZERS:
-        raise ValueError(f"unknown optimizer {optimizer!r}: allowed are {sorted(OPTIMIZERS)}")
-    w, g, master, moment = PRECISIONS[precision]
-    return BytesPerParam(w, g, master, OPTIMIZERS[optimizer] * moment)
 
 
 def _check_counts(n_params, world_size):
@@ -98,7 +61,7 @@ def max_params_that_fit(device_bytes: float, world_size: int = 1, zero_stage: in
 def allreduce_bytes_per_rank(n_params: float, world_size: int, grad_bytes: int = 2) -> float:
     """Bytes each rank sends in a ring all-reduce of the gradients: 2(M-1)/M * |theta| * grad_bytes."""
     _check_counts(n_params, world_size)
-    return 2 * (world_size - 1) / world_size * n_params * grad_bytes
+    return costs.allreduce_bytes(world_size, n_params * grad_bytes)
 
 
 def min_tokens_per_gpu(n_params: float, allreduce_s: float, flops_per_s: float, ratio: float = 3.0) -> float:
@@ -109,7 +72,7 @@ def min_tokens_per_gpu(n_params: float, allreduce_s: float, flops_per_s: float, 
     """
     if min(n_params, allreduce_s, flops_per_s, ratio) <= 0:
         raise ValueError("n_params, allreduce_s, flops_per_s and ratio must all be positive")
-    return ratio * allreduce_s * flops_per_s / (6 * n_params)
+    return ratio * allreduce_s * flops_per_s / costs.training_flops_per_token(n_params)
 
 
 # ---- measuring what real tensors hold (inside a rank or in one process) ---------------------

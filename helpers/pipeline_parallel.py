@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import time
 
+from .costs import layer_forward_flops, layer_params, mlp_forward_flops  # noqa: F401 (12.2.2's worked example)
 from .pipeline_schedule import KINDS, check_schedule, from_records, op_orders, per_stage
 
 TORCH_SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
@@ -103,20 +104,12 @@ def max_grad_diff(grads: dict, ref: dict) -> float:
 
 
 # ---- the arithmetic of 12.2.2's worked example -----------------------------------------------------
+# layer_params, mlp_forward_flops and layer_forward_flops are helpers.costs' (imported above).
 
 def _positive(**kw):
     for k, v in kw.items():
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
             raise ValueError(f"{k} must be a positive number, got {v!r}")
-
-
-def layer_params(h: int, ffn: int) -> int:
-    """Weights of one transformer layer: attention 4h^2 (Q, K, V, output) + MLP 2*h*ffn.
-
-    Biases and norms (a few h each) are left out, as in 12.2.2.
-    """
-    _positive(h=h, ffn=ffn)
-    return 4 * h * h + 2 * h * ffn
 
 
 def stage_weight_bytes(h: int, ffn: int, layers: int, bytes_per_param: int = 2) -> int:
@@ -129,19 +122,6 @@ def handoff_bytes(seq: int, micro_batch: int, h: int, bytes_per_value: int = 2) 
     """Bytes one stage sends the next per micro-batch: the activation, seq x micro_batch x h values."""
     _positive(seq=seq, micro_batch=micro_batch, h=h, bytes_per_value=bytes_per_value)
     return seq * micro_batch * h * bytes_per_value
-
-
-def mlp_forward_flops(tokens: int, h: int, ffn: int) -> int:
-    """Forward FLOPs of one MLP block: two matmuls (h -> ffn, ffn -> h), 2*tokens*h*ffn each."""
-    _positive(tokens=tokens, h=h, ffn=ffn)
-    return 2 * (2 * tokens * h * ffn)
-
-
-def layer_forward_flops(tokens: int, h: int, ffn: int, seq: int) -> int:
-    """Forward FLOPs of one transformer layer: the weight matmuls (2 * tokens * params) plus
-    attention's two sequence-length products (Q K^T and scores x V, 2*tokens*seq*h each)."""
-    _positive(seq=seq)
-    return 2 * tokens * layer_params(h, ffn) + 2 * (2 * tokens * seq * h)
 
 
 # ---- the split backward on one layer (12.2.2) -----------------------------------------------------

@@ -18,7 +18,7 @@ be set beside the planner's.
   2 CP divides the sequence (load-balanced causal attention, as in Llama 3);
   DP x micro-batch divides the global batch (P.11), leaving m micro-batches per replica;
 * model state (via :func:`helpers.memory.per_device_bytes`, ZeRO over the DP x CP ranks) plus
-  activations (Korthikanti et al.'s per-layer formula, :func:`helpers.sequence_parallel.activation_bytes_per_layer`,
+  activations (Korthikanti et al.'s per-layer formula, :func:`helpers.costs.activation_bytes_per_layer`,
   times the layers' worth of micro-batches a 1F1B stage keeps; without the two dropout masks
   when ``dropout=False``) plus a reserve fit in the device.
 
@@ -28,7 +28,7 @@ be set beside the planner's.
   x 4/3 with full recomputation) x tokens / devices / (peak x efficiency);
 * tensor parallelism: per layer and micro-batch 4 all-reduces (or reduce-scatter + all-gather
   pairs under SP, same bytes) of s b h x 2 bytes, 6 with full recomputation, on the critical path;
-  alpha-beta ring time (:func:`helpers.collectives.alpha_beta_time`) at the server's links, or
+  alpha-beta ring time (:func:`helpers.costs.alpha_beta_time`) at the server's links, or
   the inter-server links when the group spans servers;
 * context parallelism: an all-gather of K and V per layer and micro-batch forward, a
   reduce-scatter of their gradients backward, exposed (Llama 3's all-gather CP);
@@ -56,8 +56,9 @@ from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from pathlib import Path
 
-from .collectives import alpha_beta_time
+from . import costs
 from .memory import GB, per_device_bytes
+from .pipeline_schedule import bubble_formula
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 RECOMPUTE = ("none", "full")
@@ -146,12 +147,12 @@ class Model:
     def counted(self) -> dict:
         """Parameter counts by part, from the shapes (norms and biases left out)."""
         h, d = self.hidden, self.hd
-        attn = self.attention_params or (h * self.heads * d * 2 + 2 * h * self.kv * d)
-        expert = self.mlp_matrices * h * self.expert_ffn
+        attn = self.attention_params or costs.attention_params(h, self.heads, self.kv, d)
+        expert = costs.mlp_params(h, self.expert_ffn, self.mlp_matrices) if self.experts else 0
         dense_layers = self.layers - self.moe_layers
         return {
             "attention": self.layers * attn,
-            "dense mlp": dense_layers * self.mlp_matrices * h * self.ffn,
+            "dense mlp": dense_layers * costs.mlp_params(h, self.ffn, self.mlp_matrices),
             "routed experts": self.moe_layers * self.experts * expert,
             "shared experts and routers": self.moe_layers * (self.shared_experts * expert + h * self.experts),
             "embeddings": self.vocab * h * (1 if self.tied_embeddings else 2),
@@ -180,7 +181,7 @@ class Model:
 
     def flops_per_token(self) -> float:
         """Training FLOPs per token: 6 N_active + 12 L s (heads x head_dim) (PaLM, appendix B)."""
-        return 6 * self.active_params + 12 * self.layers * self.seq_len * self.heads * self.hd
+        return costs.training_flops_per_token(self.active_params, self.layers, self.seq_len, self.heads * self.hd)
 
 
 @dataclass(frozen=True)
@@ -325,17 +326,14 @@ def _layers_per_stage(model: Model, pp: int) -> int:
 
 def activation_bytes(model: Model, layout: Layout, m: int, rules: Rules = Rules()) -> dict:
     """Activation bytes on the busiest pipeline stage (stage 0 of 1F1B): per layer, in flight, total."""
-    from .sequence_parallel import activation_bytes_per_layer
-
     s = model.seq_len // layout.cp
     sp = layout.sequence_parallel and layout.tp > 1
-    per_layer = activation_bytes_per_layer(s, layout.micro_batch, model.hidden, model.heads, t=layout.tp,
-                                           sequence_parallel=sp, attention_scores=not rules.flash_attention)
-    if not rules.dropout:  # the two 1-byte masks after attention and after the MLP
-        per_layer -= 2 * s * layout.micro_batch * model.hidden / (layout.tp if sp else 1)
+    shape = (s, layout.micro_batch, model.hidden)
+    per_layer = costs.activation_bytes_per_layer(*shape, model.heads, t=layout.tp, sequence_parallel=sp,
+                                                 attention_scores=not rules.flash_attention, dropout=rules.dropout)
     kept = per_layer
     if layout.recompute == "full":
-        kept = 2 * s * layout.micro_batch * model.hidden / (layout.tp if sp else 1)  # only each layer's input
+        kept = costs.layer_input_bytes(*shape, t=layout.tp, sequence_parallel=sp)  # only each layer's input
     p, v = layout.pp, layout.v
     lps = _layers_per_stage(model, p)
     if p == 1:
@@ -442,32 +440,31 @@ def step_time(model: Model, cluster: Cluster, global_batch: int, layout: Layout,
     tp = 0.0
     if L.tp > 1:
         a, bw = cluster.link(L.tp > dpn)
-        per = alpha_beta_time(L.tp, s * L.micro_batch * model.hidden * 2, a, bw)
-        tp = (6 if L.recompute == "full" else 4) * lps * m * float(per)
+        per = costs.alpha_beta_time(L.tp, s * L.micro_batch * model.hidden * 2, a, bw)
+        tp = (6 if L.recompute == "full" else 4) * lps * m * per
     # context parallelism: all-gather K, V forward; reduce-scatter dK, dV backward
     cp = 0.0
     if L.cp > 1:
         a, bw = cluster.link(L.tp * L.cp > dpn)
         shard = 2 * s * L.micro_batch * model.kv * model.hd * 2 / min(L.tp, model.kv)
-        cp = 2 * lps * m * ((L.cp - 1) * a + (L.cp - 1) * shard / bw)
+        cp = 2 * lps * m * costs.alpha_beta_time(L.cp, L.cp * shard, a, bw, op="all_gather")
     # expert parallelism: dispatch + combine, forward and backward
     ep = 0.0
     if L.ep > 1:
         a, bw = cluster.link(L.ep * L.tp > dpn)
         moe_dev = model.moe_layers * lps / model.layers
         tokens = s * L.micro_batch / (L.tp if (L.sequence_parallel and L.tp > 1) else 1)  # SP splits the tokens over TP
-        sent = tokens * model.top_k * model.hidden * 2 * (L.ep - 1) / L.ep
-        ep = 4 * moe_dev * m * ((L.ep - 1) * a + sent / bw)
+        ep = 4 * moe_dev * m * costs.alpha_beta_time(L.ep, tokens * model.top_k * model.hidden * 2, a, bw, op="all_to_all")
         if rules.overlap_ep:
             ep = max(0.0, ep - compute)
     busy = compute + tp + cp + ep
-    bubble = float(Fraction(L.pp - 1, L.v * m)) * busy
+    bubble = float(bubble_formula(L.pp, m, L.v, definition="useful")) * busy
     # pipeline hand-offs exposed at fill and drain
     pp = 0.0
     if L.pp > 1:
         a, bw = cluster.link(L.tp * L.cp >= dpn)
         hop = s * L.micro_batch * model.hidden * 2 / (L.tp if (L.sequence_parallel and L.tp > 1) else 1)
-        pp = 2 * (L.pp - 1) * (a + hop / bw)
+        pp = 2 * (L.pp - 1) * costs.alpha_beta_time(2, hop, a, bw, op="send")
     # data parallelism (over the DP x CP ranks, which hold the same weights)
     d = L.dp * L.cp
     dp = 0.0
@@ -481,10 +478,9 @@ def step_time(model: Model, cluster: Cluster, global_batch: int, layout: Layout,
             if size < 2:
                 continue
             if L.zero < 3:  # one ring over all the (BF16) gradients, bucketed
-                dp += float(alpha_beta_time(size, params * 2, a, bw))
+                dp += costs.alpha_beta_time(size, params * 2, a, bw)
             else:  # per micro-batch and per layer: all-gather (forward), all-gather (backward), reduce-scatter
-                half_ring = (size - 1) * a + (size - 1) / size * params * 2 / lps / bw
-                dp += 3 * lps * m * half_ring
+                dp += 3 * lps * m * costs.alpha_beta_time(size, params * 2 / lps, a, bw, op="all_gather")
     window = compute if L.zero == 3 else compute * 2 / 3 / m
     dp_exposed = max(0.0, dp - window)
     total = busy + bubble + pp + dp_exposed
@@ -766,7 +762,7 @@ def decision_sequence(model: Model, cluster: Cluster, global_batch: int, rules: 
                           "answer": a.ok, "detail": _detail(a), "layout": a.layout if a.ok else None})
             if not a.ok:
                 continue
-            bubble = Fraction(p - 1, a.m + p - 1)
+            bubble = bubble_formula(p, a.m)
             steps.append({"question": f"4b. Bubble (p-1)/(m+p-1) <= {bubble_target:.0%}?", "answer": bubble <= bubble_target,
                           "detail": f"p = {p}, m = {a.m}: {float(bubble):.1%}" + ("" if bubble <= bubble_target else
                                     " (more micro-batches need a bigger batch or a smaller micro-batch; or interleave)"),
@@ -814,8 +810,6 @@ def rule_of_thumb(model: Model, cluster: Cluster, global_batch: int, rules: Rule
 
 def book_p11() -> list:
     """P.11's 40B example (16 devices as DP2 x TP4 x PP2, 32 layers, 32 heads): rows (quantity, book, computed)."""
-    from .pipeline_schedule import bubble_formula
-
     N, dp, tp, pp = 40e9, 2, 4, 2
     shard = N / (tp * pp)
     z1 = per_device_bytes(shard, dp, 1)
@@ -838,8 +832,6 @@ def book_p11() -> list:
 def book_12_4_1() -> dict:
     """12.4.1's worked numbers recomputed: the 70B example, the 405B step-up, the 100B answer, the
     bubble rule. Each entry: (book, computed, comment)."""
-    from .pipeline_schedule import bubble_formula
-
     out = {}
     P70, tp, dp = 70e9, 8, 32
     out["70B BF16 weights (GB)"] = (140, P70 * 2 / GB, "")
@@ -852,10 +844,10 @@ def book_12_4_1() -> dict:
     z1 = per_device_bytes(P70 / tp, dp, 1)
     out["per-GPU model state, ZeRO-1 (GB)"] = (52.5, sum(z1.values()) / GB, "BF16 weights + BF16 grads + FP32 master and moments / 32")
     grads_gpu = P70 * 2 / tp
-    sent = 2 * (dp - 1) / dp * grads_gpu
+    sent = costs.allreduce_bytes(dp, grads_gpu)
     out["gradient bytes each GPU sends per step (GB)"] = (4.4, sent / GB, "reduce-scatter + all-gather of its 17.5 GB shard's gradients over 32 ranks")
     out["gradient sync at 25 GB/s (s)"] = (0.175, sent / 25e9, "")
-    flops_gpu = 6 * P70 * 2048 * 4096 / 256
+    flops_gpu = costs.training_flops_per_token(P70) * 2048 * 4096 / 256
     out["forward+backward per step at 100% of 989 TFLOP/s (s)"] = ("0.2-0.25", flops_gpu / 989e12, "6 N tokens / 256 GPUs")
     out["405B BF16 weights (GB)"] = (810, 405e9 * 2 / GB, "")
     out["405B weights per GPU at TP=8 (GB)"] = (101, 405e9 * 2 / 8 / GB, "")

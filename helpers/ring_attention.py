@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import costs
+
 SCHEMES = ("contiguous", "striped", "zigzag")
 
 
@@ -154,7 +156,7 @@ def ring_bytes_per_rank(s: int, p: int, n_heads: int, d_head: int, bytes_per: in
     """
     _check_sp(s, p)
     _nonneg(n_heads=n_heads, d_head=d_head, bytes_per=bytes_per, batch=batch)
-    return 2 * (p - 1) * (s / p) * n_heads * d_head * bytes_per * batch
+    return costs.ring_steps("all_gather", p) * (2 * (s / p) * n_heads * d_head * bytes_per * batch)
 
 
 def ring_backward_bytes_per_rank(s: int, p: int, n_heads: int, d_head: int, bytes_per: int = 2, grad_bytes_per: int | None = None) -> float:
@@ -171,7 +173,7 @@ def ring_backward_bytes_per_rank(s: int, p: int, n_heads: int, d_head: int, byte
 def allgather_kv_bytes_per_rank(s: int, p: int, n_heads: int, d_head: int, bytes_per: int = 2) -> float:
     """Bytes one rank sends to all-gather K and V with a ring all-gather: ``(p-1)/p`` of the full pair."""
     _check_sp(s, p)
-    return (p - 1) / p * 2 * s * n_heads * d_head * bytes_per
+    return costs.ring_bytes_sent("all_gather", 2 * s * n_heads * d_head * bytes_per, p)
 
 
 def ulysses_bytes_per_rank(s: int, p: int, n_heads: int, d_head: int, bytes_per: int = 2) -> float:
@@ -183,14 +185,13 @@ def ulysses_bytes_per_rank(s: int, p: int, n_heads: int, d_head: int, bytes_per:
     _check_sp(s, p)
     if n_heads % p:
         raise ValueError(f"all-to-all over heads needs p={p} to divide n_heads={n_heads}")
-    return 4 * (p - 1) / p * (s / p) * n_heads * d_head * bytes_per
+    return 4 * costs.ring_bytes_sent("all_to_all", (s / p) * n_heads * d_head * bytes_per, p)
 
 
 def attention_flops(s_q: int, s_k: int, n_heads: int, d_head: int, causal: bool = False) -> float:
     """Forward FLOPs of attention: ``q k^T`` and ``P v``, 2 FLOPs per multiply-add each (halved if causal)."""
     _nonneg(s_q=s_q, s_k=s_k, n_heads=n_heads, d_head=d_head)
-    f = 4.0 * s_q * s_k * n_heads * d_head
-    return f / 2 if causal else f
+    return float(costs.attention_flops(s_q, s_k, n_heads * d_head, causal))
 
 
 # ---- torch: a tiled block kernel that skips fully masked tiles -----------------------------

@@ -29,6 +29,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from . import costs
 from .tp_numpy import check_degree, check_divides
 
 
@@ -724,19 +725,18 @@ def activation_bytes(s: int, b: int, h: int, bytes_per_element: int = 2) -> int:
 def allreduce_bytes_per_device(s: int, b: int, h: int, t: int, bytes_per_element: int = 2) -> float:
     """What each device sends in a ring all-reduce of the (s, b, h) activation: 2(t-1)/t s b h bytes."""
     t = check_degree(t)
-    return 2 * (t - 1) / t * activation_bytes(s, b, h, bytes_per_element)
+    return costs.allreduce_bytes(t, activation_bytes(s, b, h, bytes_per_element))
 
 
 def layer_forward_flops(s: int, b: int, h: int, ffn: int, t: int = 1, mlp_matrices: int = 2) -> float:
     """Forward FLOPs of one transformer layer on one of t TP ranks (2 FLOPs per multiply-add).
 
     QKV 6sbh^2, output projection 2sbh^2, MLP 2 x mlp_matrices x sbh*ffn (2 for GeLU MLPs, 3 for
-    SwiGLU), attention scores and weighted values 4bs^2h; all divided by t.
+    SwiGLU), attention scores and weighted values 4bs^2h (:func:`helpers.costs.layer_forward_flops`
+    on the s b tokens); all divided by t.
     """
     t = check_degree(t)
-    if mlp_matrices not in (2, 3):
-        raise ValueError(f"mlp_matrices must be 2 (GeLU MLP) or 3 (SwiGLU), got {mlp_matrices}")
-    return (8 * s * b * h * h + 2 * mlp_matrices * s * b * h * ffn + 4 * b * s * s * h) / t
+    return costs.layer_forward_flops(s * b, h, ffn, s, mlp_matrices) / t
 
 
 def tp_layer_times(s, b, h, ffn, t, flops_per_s, link_bytes_per_s, alpha_s: float = 0.0,
@@ -749,7 +749,7 @@ def tp_layer_times(s, b, h, ffn, t, flops_per_s, link_bytes_per_s, alpha_s: floa
     if flops_per_s <= 0 or link_bytes_per_s <= 0 or alpha_s < 0:
         raise ValueError("need flops_per_s > 0, link_bytes_per_s > 0 and alpha_s >= 0")
     compute = layer_forward_flops(s, b, h, ffn, t, mlp_matrices) / flops_per_s
-    one = 0.0 if t == 1 else 2 * (t - 1) * alpha_s + allreduce_bytes_per_device(s, b, h, t, bytes_per_element) / link_bytes_per_s
+    one = 0.0 if t == 1 else costs.alpha_beta_time(t, activation_bytes(s, b, h, bytes_per_element), alpha_s, link_bytes_per_s)
     return {"t": t, "compute_s": compute, "comm_s": allreduces * one, "comm_fraction": allreduces * one / (compute + allreduces * one)}
 
 

@@ -35,6 +35,8 @@ import math
 
 import numpy as np
 
+from . import costs
+
 DEFAULT_SIZES = (8, 32, 32, 4)  # 288 + 1056 + 132 = 1476 parameters; every layer divides by 1, 2, 3, 4, 6, 12
 ADAMW = {"lr": 1e-2, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 1e-2}
 STAGE_PRECISIONS = ("fp32", "bf16-mixed")
@@ -59,10 +61,11 @@ def comm_bytes_per_rank(n_params: float, world_size: int, zero_stage: int, bytes
         raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
     if not bytes_per_element > 0:
         raise ValueError(f"bytes_per_element must be positive, got {bytes_per_element}")
-    unit = (world_size - 1) / world_size * n_params * bytes_per_element
+    payload = n_params * bytes_per_element
+    unit = costs.ring_bytes_sent("reduce_scatter", payload, world_size)
     parts = {"all_reduce": 0.0, "reduce_scatter": 0.0, "all_gather": 0.0}
     if zero_stage == 0:
-        parts["all_reduce"] = 2 * unit
+        parts["all_reduce"] = costs.allreduce_bytes(world_size, payload)
     else:
         parts["reduce_scatter"] = unit
         parts["all_gather"] = (2 if zero_stage == 3 else 1) * unit

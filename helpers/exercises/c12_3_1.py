@@ -1,6 +1,6 @@
 """Exercise checks for 12.3.1 (sequence parallelism)."""
 from . import check_int, check_number, require
-from ..sequence_parallel import activation_bytes_per_layer
+from ..costs import activation_bytes_per_layer
 
 
 def ex1(answer):

@@ -1,0 +1,221 @@
+"""The chapters' closed-form costs, each written once (torch-free: plain Python, no torch, no numpy).
+
+Every module that needs one of these formulas calls it from here; a module may keep a wrapper
+that says what the payload or the shape is in its section's words (e.g.
+:func:`helpers.tensor_parallel.allreduce_bytes_per_device`), but not the formula.
+
+* **Collectives on a ring** of N ranks, payload S bytes (P.7; what :mod:`helpers.commlog` puts
+  beside every recorded call): all-reduce sends 2(N-1)/N x S per rank in 2(N-1) steps;
+  all-gather, reduce-scatter and all-to-all send (N-1)/N x S in N-1 steps; a send sends S in one
+  step. The alpha-beta time is steps x alpha + bytes sent / beta (:func:`alpha_beta_time`).
+* **Activation memory** of one transformer layer (Korthikanti et al. 2022, 12.3.1): 16-bit
+  activations and 1-byte dropout masks, s b h (34 + 5 a s / h) on one device, with the
+  tensor-parallel and sequence-parallel variants, with or without the s x s scores and the
+  dropout masks (:func:`activation_bytes_per_layer`); full recomputation keeps each layer's
+  input (:func:`layer_input_bytes`).
+* **Parameters and FLOPs** of a transformer layer (P.8, 12.2.1, 12.2.2, 12.4.1): attention
+  2 h (heads x d) + 2 h (kv_heads x d) weights (4h^2 for plain multi-head attention), an MLP of
+  2 or 3 matrices of h x ffn; forward FLOPs 2 per weight per token plus attention's
+  4 x tokens x seq x width; training FLOPs per token 6 N + 12 L s (heads x d) (PaLM, appendix B).
+* **Bytes per parameter** of model state by precision recipe and optimizer (12.1.1, 12.1.2).
+
+Sizes in bytes, times in seconds, bandwidths in bytes per second.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .validate import integer_at_least, positive_number
+
+# ---- collectives on a ring (P.7) ---------------------------------------------------------------
+
+HALF_RING_OPS = ("all_gather", "reduce_scatter", "all_to_all")
+
+
+def ring_steps(op: str, n: int) -> int:
+    """Latency-bound steps of ``op`` on a ring of ``n`` ranks: 2(n-1) for all-reduce, n-1 for
+    all-gather, reduce-scatter and all-to-all, 1 for a send (each step pays alpha once)."""
+    n = integer_at_least(n, "the group size N")
+    if op == "all_reduce":
+        return 2 * (n - 1)
+    if op in HALF_RING_OPS:
+        return n - 1
+    if op == "send":
+        return 1
+    raise ValueError(f"no ring model of the steps of {op!r}: op must be 'all_reduce', 'send' or one of {HALF_RING_OPS}")
+
+
+def ring_bytes_sent(op: str, payload_bytes: float, group_size: int) -> float:
+    """Bytes one rank sends for a collective of ``payload_bytes`` on a ring of ``group_size``.
+
+    P.7: a ring all-reduce sends 2(N-1)/N*S per rank, reduce-scatter and all-gather each half of
+    that (all-to-all too: each rank keeps 1/N of its buffer and sends the rest); a send sends S.
+    Ops without a single standard cost (broadcast, reduce, gather, scatter) are counted as S, the
+    bytes the root's tree or pipeline must push at least once; recv and barrier send nothing.
+    """
+    n = integer_at_least(group_size, "the group size N")
+    positive_number(payload_bytes, "payload_bytes", allow_zero=True)
+    if op == "all_reduce":
+        return 2 * (n - 1) / n * payload_bytes
+    if op in HALF_RING_OPS:
+        return (n - 1) / n * payload_bytes
+    if op in ("recv", "barrier"):
+        return 0.0
+    if op == "send":
+        return float(payload_bytes)
+    return float(payload_bytes) if n > 1 else 0.0
+
+
+def allreduce_bytes(n: int, size_bytes: float) -> float:
+    """Bytes each of ``n`` ranks sends in a ring all-reduce of ``size_bytes``: 2(N-1)/N x S."""
+    return ring_bytes_sent("all_reduce", size_bytes, n)
+
+
+def alpha_beta_time(n: int, size_bytes, alpha: float, beta: float, op: str = "all_reduce"):
+    """The alpha-beta time of ``op`` on a ring of ``n`` ranks: steps x alpha + bytes sent / beta (P.7).
+
+    All-reduce: T = 2(N-1) alpha + 2(N-1)/N x S / beta; all-gather, reduce-scatter, all-to-all:
+    (N-1) alpha + (N-1)/N x S / beta; a send: alpha + S / beta. alpha in seconds per step, beta
+    in bytes per second per link. ``size_bytes`` may be a number or a numpy array (for curves).
+    """
+    positive_number(alpha, "alpha (seconds per step)", allow_zero=True)
+    positive_number(beta, "beta (bytes/s per link)")
+    return ring_steps(op, n) * alpha + ring_bytes_sent(op, 1.0, n) * size_bytes / beta
+
+
+# ---- activation memory per layer (Korthikanti et al. 2022; 12.3.1) ------------------------------
+
+def _shape(s, b, h):
+    return integer_at_least(s, "s"), integer_at_least(b, "b"), integer_at_least(h, "h")
+
+
+def activation_bytes_per_layer(s: int, b: int, h: int, a: int, t: int = 1, sequence_parallel: bool = False,
+                               attention_scores: bool = True, dropout: bool = True) -> float:
+    """Korthikanti et al. 2022: activation bytes one transformer layer keeps for backward, per rank.
+
+    16-bit activations and 1-byte dropout masks, FFN width 4h. ``attention_scores=False`` drops
+    the 5as/h term (FlashAttention or selective recomputation does not store the s x s scores);
+    ``dropout=False`` drops the two s b h masks after attention and after the MLP.
+
+    * t = 1:          s b h (34 + 5 a s / h)
+    * TP:             s b h (10 + 24/t + 5 a s / (h t))     (10 = LayerNorm inputs 4, their
+                      outputs feeding QKV and fc1 4, two dropout masks 2: replicated)
+    * TP + SP:        s b h / t (34 + 5 a s / h)
+    """
+    t = integer_at_least(t, "the tensor-parallel degree t")
+    s, b, h = _shape(s, b, h)
+    a = integer_at_least(a, "a")
+    scores = 5 * a * s / h if attention_scores else 0.0
+    if sequence_parallel:
+        total = s * b * h / t * (34 + scores)
+    else:
+        total = s * b * h * (10 + 24 / t + scores / t)
+    if not dropout:  # the two 1-byte masks, on s/t positions under sequence parallelism
+        total -= 2 * s * b * h / (t if sequence_parallel else 1)
+    return total
+
+
+def layer_input_bytes(s: int, b: int, h: int, t: int = 1, sequence_parallel: bool = False) -> float:
+    """Bytes of one layer's 16-bit input, what full activation recomputation keeps per layer
+    (s b h x 2, on s/t positions under sequence parallelism)."""
+    t = integer_at_least(t, "the tensor-parallel degree t")
+    s, b, h = _shape(s, b, h)
+    return 2 * s * b * h / (t if sequence_parallel else 1)
+
+
+# ---- parameters and FLOPs of a transformer layer -------------------------------------------------
+
+def attention_params(h: int, heads: int = 1, kv_heads: int = 0, head_dim: int = 0) -> int:
+    """Weights of one attention block: Q and the output projection h x (heads x d) each, K and V
+    h x (kv_heads x d) each. With d = h / heads and kv_heads = heads (plain multi-head
+    attention) that is 4h^2. Biases and norms are left out."""
+    h, heads = integer_at_least(h, "h"), integer_at_least(heads, "heads")
+    kv = integer_at_least(kv_heads, "kv_heads", 0) or heads
+    d = integer_at_least(head_dim, "head_dim", 0) or h // heads
+    return h * heads * d * 2 + 2 * h * kv * d
+
+
+def mlp_params(h: int, ffn: int, mlp_matrices: int = 2) -> int:
+    """Weights of one MLP: ``mlp_matrices`` matrices of h x ffn (2 for GeLU, 3 for SwiGLU/GeGLU)."""
+    if mlp_matrices not in (2, 3):
+        raise ValueError(f"mlp_matrices must be 2 (GeLU MLP) or 3 (SwiGLU), got {mlp_matrices}")
+    return mlp_matrices * integer_at_least(h, "h") * integer_at_least(ffn, "ffn")
+
+
+def layer_params(h: int, ffn: int, mlp_matrices: int = 2) -> int:
+    """Weights of one transformer layer with plain multi-head attention: 4h^2 + mlp_matrices x h x ffn."""
+    return attention_params(h) + mlp_params(h, ffn, mlp_matrices)
+
+
+def attention_flops(s_q: int, s_k: int, width: int, causal: bool = False):
+    """Forward FLOPs of attention's two products, Q K^T and scores x V: 2 x s_q x s_k x width each
+    (2 FLOPs per multiply-add; ``width`` = heads x head dim); halved when causal."""
+    f = 4 * integer_at_least(s_q, "s_q", 0) * integer_at_least(s_k, "s_k", 0) * integer_at_least(width, "width", 0)
+    return f / 2 if causal else f
+
+
+def layer_forward_flops(tokens: int, h: int, ffn: int, seq: int, mlp_matrices: int = 2) -> int:
+    """Forward FLOPs of one transformer layer on ``tokens`` tokens of sequences of length ``seq``:
+    the weight matmuls, 2 x tokens x :func:`layer_params`, plus attention's
+    :func:`attention_flops` (4 x tokens x seq x h). For a batch of b sequences of s tokens:
+    8 s b h^2 + 2 mlp_matrices s b h ffn + 4 b s^2 h."""
+    tokens = integer_at_least(tokens, "tokens")
+    return 2 * tokens * layer_params(h, ffn, mlp_matrices) + attention_flops(tokens, integer_at_least(seq, "seq"), h)
+
+
+def mlp_forward_flops(tokens: int, h: int, ffn: int, mlp_matrices: int = 2) -> int:
+    """Forward FLOPs of one MLP block: 2 x tokens x :func:`mlp_params` (two matmuls of 2 tokens h ffn for GeLU)."""
+    return 2 * integer_at_least(tokens, "tokens") * mlp_params(h, ffn, mlp_matrices)
+
+
+def training_flops_per_token(params: float, layers: int = 0, seq: int = 0, width: int = 0) -> float:
+    """Training (forward + backward) FLOPs per token: 6 N + 12 L s width (PaLM, appendix B).
+
+    6 N: 2 per weight forward, 4 backward; 12 L s width: three times attention's forward
+    4 s width per token and layer (0 when ``layers`` is 0: the usual 6 N estimate).
+    """
+    positive_number(params, "params")
+    return 6 * params + 3 * integer_at_least(layers, "layers", 0) * attention_flops(1, seq, width)
+
+
+# ---- bytes per parameter of model state (12.1.1, 12.1.2) ----------------------------------------
+
+# precision recipe -> bytes per parameter of (weights, gradients, fp32 master copy, each optimizer moment)
+PRECISIONS = {
+    "bf16-mixed": (2, 2, 4, 4),  # bf16 weights and grads, fp32 master weights and moments (12.1.1)
+    "fp16-mixed": (2, 2, 4, 4),  # the ZeRO paper's recipe: same byte counts
+    "fp32": (4, 4, 0, 4),  # everything in fp32; the weights are the master copy
+    "bf16": (2, 2, 0, 2),  # pure bf16: no master copy, moments in bf16
+}
+# optimizer -> number of moment tensors per parameter
+OPTIMIZERS = {"adamw": 2, "adam": 2, "sgd-momentum": 1, "sgd": 0}
+COMPONENTS = ("weights", "gradients", "master", "moments")
+
+
+@dataclass(frozen=True)
+class BytesPerParam:
+    """Bytes per parameter by component; ``total`` is their sum (16 for bf16-mixed AdamW)."""
+
+    weights: float
+    gradients: float
+    master: float
+    moments: float
+
+    @property
+    def optimizer_state(self) -> float:
+        """Master copy plus moments: the ZeRO paper's K (12 for mixed-precision Adam)."""
+        return self.master + self.moments
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.gradients + self.master + self.moments
+
+
+def bytes_per_param(precision: str = "bf16-mixed", optimizer: str = "adamw") -> BytesPerParam:
+    """Bytes each parameter costs in model state (12.1.1): weights, gradients, master, moments."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}: allowed are {sorted(PRECISIONS)}")
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {optimizer!r}: allowed are {sorted(OPTIMIZERS)}")
+    w, g, master, moment = PRECISIONS[precision]
+    return BytesPerParam(w, g, master, OPTIMIZERS[optimizer] * moment)
