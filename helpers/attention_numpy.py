@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .validate import index_below
+
 
 def _check_qkv(q, k, v):
     q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
@@ -170,8 +172,7 @@ def tree_attention(q, k, v, n_blocks: int, mask=None, scale=None):
 
 def ring_order(rank: int, p: int) -> list[int]:
     """The order in which rank ``rank`` of a ring of ``p`` sees the key blocks: r, r-1, r-2, ..."""
-    if not 0 <= rank < p:
-        raise ValueError(f"rank must be in [0, p), got rank={rank}, p={p}")
+    index_below(rank, "rank", p)
     return [(rank - j) % p for j in range(p)]
 
 

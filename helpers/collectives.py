@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import costs
+from .validate import integer_at_least
 
 
 # ---- numpy: the ring, step by step -----------------------------------------------------------
@@ -109,8 +110,7 @@ def alpha_beta_time(n: int, size_bytes, alpha: float, beta: float):
 def fit_alpha_beta(n: int, sizes_bytes, times_s) -> tuple[float, float]:
     """Least-squares α (s) and β (bytes/s) of the ring model from measured all-reduce times."""
     sizes_bytes, times_s = np.asarray(sizes_bytes, float), np.asarray(times_s, float)
-    if n < 2:
-        raise ValueError(f"fitting needs N >= 2 devices, got {n}")
+    integer_at_least(n, "N (fitting needs two devices or more)", 2)
     if sizes_bytes.shape != times_s.shape or len(sizes_bytes) < 2:
         raise ValueError("need at least two (size, time) pairs of equal length")
     A = np.column_stack([np.full_like(sizes_bytes, costs.ring_steps("all_reduce", n)), ring_allreduce_bytes(n, 1.0) * sizes_bytes])
@@ -188,8 +188,7 @@ def time_allreduce_worker(sizes_bytes=(1 << 10, 1 << 16, 1 << 20, 1 << 22), repe
 
     from .worker import device
 
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    integer_at_least(repeats, "repeats")
     out = {}
     for size in sizes_bytes:
         x = torch.ones(max(1, int(size) // 4), device=device())

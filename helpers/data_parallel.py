@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .validate import integer_at_least
+
 
 # ---- numpy: the P.6 example ------------------------------------------------------------------
 
@@ -50,8 +52,7 @@ def weighted_shard_grads(X, y, w, shards) -> np.ndarray:
 def effective_batch(per_worker: int, workers: int, accumulation: int = 1) -> int:
     """Examples per optimiser update: per-worker batch x workers x accumulation steps (P.6)."""
     for name, v in (("per_worker", per_worker), ("workers", workers), ("accumulation", accumulation)):
-        if not isinstance(v, (int, np.integer)) or v < 1:
-            raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        integer_at_least(v, name)
     return per_worker * workers * accumulation
 
 
@@ -210,8 +211,7 @@ def accumulation_worker(micro_batches: int = 4, use_no_sync: bool = True, micro:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    if micro_batches < 1:
-        raise ValueError(f"micro_batches must be >= 1, got {micro_batches}")
+    integer_at_least(micro_batches, "micro_batches")
     ddp = DDP(make_model(seed))
     X, y = make_batches(micro_batches, micro * dist.get_world_size(), seed=seed + 1)
     rank = slice(dist.get_rank() * micro, (dist.get_rank() + 1) * micro)

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import costs
-from .validate import integer_at_least as _int, positive_number as _pos
+from .validate import index_below, integer_at_least as _int, positive_number as _pos
 
 MECHANISMS = {
     "replicas": {"improves": "throughput and queueing delay (requests wait less)",
@@ -269,8 +269,7 @@ def tp_decode_worker(cfg, layers: int = 4, steps: int = 24, warmup: int = 8, bat
     from .commlog import span
 
     dtype = getattr(torch, dtype_name)
-    if not 0 <= warmup < steps:
-        raise ValueError(f"warmup must be in [0, steps), got warmup={warmup}, steps={steps}")
+    index_below(warmup, "warmup (steps not timed)", steps)
     blocks = build_decoder(cfg, layers, seed, dtype)
     xs = decode_inputs(cfg, steps, batch, input_seed, dtype)
     with span("decode"):
@@ -321,7 +320,7 @@ def poisson_workload(n: int, rate: float, mean_tokens: float = 64, seed: int = 0
     with mean ``mean_tokens`` (many short answers, a few long ones)."""
     n = _int(n, "n")
     rate, mean = _pos(rate, "rate"), _pos(mean_tokens, "mean_tokens")
-    if mean < 1:
+    if mean < 1:  # a geometric length of mean < 1 token does not exist
         raise ValueError(f"mean_tokens must be >= 1, got {mean_tokens}")
     rng = np.random.default_rng(seed)
     return Workload(np.cumsum(rng.exponential(1 / rate, n)), rng.geometric(1 / mean, n))

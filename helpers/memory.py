@@ -13,15 +13,15 @@ import math
 
 from . import costs
 from .costs import COMPONENTS, OPTIMIZERS, PRECISIONS, BytesPerParam, bytes_per_param  # noqa: F401 (this section's names)
+from .validate import integer_at_least, positive_number
+from .validate import zero_stage as check_zero_stage
 
 GB = 1e9
 
 
 def _check_counts(n_params, world_size):
-    if not n_params > 0:
-        raise ValueError(f"n_params must be positive, got {n_params}")
-    if not (isinstance(world_size, int) and world_size >= 1):
-        raise ValueError(f"world_size must be an integer >= 1, got {world_size!r}")
+    positive_number(n_params, "n_params")
+    integer_at_least(world_size, "world_size")
 
 
 def per_device_bytes(
@@ -34,8 +34,7 @@ def per_device_bytes(
     Activations are not model state and are not counted.
     """
     _check_counts(n_params, world_size)
-    if zero_stage not in (0, 1, 2, 3):
-        raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
+    zero_stage = check_zero_stage(zero_stage)
     b = bytes_per_param(precision, optimizer)
     shard = lambda stage: world_size if zero_stage >= stage else 1
     return {
@@ -146,8 +145,7 @@ def min_world_size_to_fit(n_params: float, device_bytes: float, zero_stage: int,
     _check_counts(n_params, 1)
     if device_bytes <= 0 or reserve_bytes < 0 or reserve_bytes >= device_bytes:
         raise ValueError("need device_bytes > reserve_bytes >= 0")
-    if zero_stage not in (0, 1, 2, 3):
-        raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
+    zero_stage = check_zero_stage(zero_stage)
     room = device_bytes - reserve_bytes
     one = per_device_bytes(n_params, 1, zero_stage, precision, optimizer)
     b = bytes_per_param(precision, optimizer)

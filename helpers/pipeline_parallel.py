@@ -35,6 +35,7 @@ import time
 
 from .costs import layer_forward_flops, layer_params, mlp_forward_flops  # noqa: F401 (12.2.2's worked example)
 from .pipeline_schedule import KINDS, check_schedule, from_records, op_orders, per_stage
+from .validate import integer_at_least, positive_number
 
 TORCH_SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
 
@@ -48,8 +49,8 @@ def make_layers(n_layers: int = 8, width: int = 16, seed: int = 0):
     """
     import torch
 
-    if not (isinstance(n_layers, int) and n_layers >= 1 and isinstance(width, int) and width >= 1):
-        raise ValueError(f"n_layers and width must be integers >= 1, got {n_layers!r}, {width!r}")
+    integer_at_least(n_layers, "n_layers")
+    integer_at_least(width, "width")
     torch.manual_seed(seed)
     return [torch.nn.Linear(width, width if i < n_layers - 1 else 1, dtype=torch.float64) for i in range(n_layers)]
 
@@ -106,21 +107,18 @@ def max_grad_diff(grads: dict, ref: dict) -> float:
 # ---- the arithmetic of 12.2.2's worked example -----------------------------------------------------
 # layer_params, mlp_forward_flops and layer_forward_flops are helpers.costs' (imported above).
 
-def _positive(**kw):
-    for k, v in kw.items():
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
-            raise ValueError(f"{k} must be a positive number, got {v!r}")
-
-
 def stage_weight_bytes(h: int, ffn: int, layers: int, bytes_per_param: int = 2) -> int:
     """Weight bytes of a pipeline stage holding ``layers`` transformer layers (BF16: 2 bytes)."""
-    _positive(layers=layers, bytes_per_param=bytes_per_param)
+    integer_at_least(layers, "layers")
+    positive_number(bytes_per_param, "bytes_per_param")
     return layers * layer_params(h, ffn) * bytes_per_param
 
 
 def handoff_bytes(seq: int, micro_batch: int, h: int, bytes_per_value: int = 2) -> int:
     """Bytes one stage sends the next per micro-batch: the activation, seq x micro_batch x h values."""
-    _positive(seq=seq, micro_batch=micro_batch, h=h, bytes_per_value=bytes_per_value)
+    for name, v in (("seq", seq), ("micro_batch", micro_batch), ("h", h)):
+        integer_at_least(v, name)
+    positive_number(bytes_per_value, "bytes_per_value")
     return seq * micro_batch * h * bytes_per_value
 
 

@@ -59,26 +59,16 @@ from pathlib import Path
 from . import costs
 from .memory import GB, per_device_bytes
 from .pipeline_schedule import bubble_formula
+from .validate import integer_at_least, positive_number
+from .validate import zero_stage as check_zero_stage
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 RECOMPUTE = ("none", "full")
 
 
-def _pos_int(name, v, lo=1):
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < lo:
-        raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
-    return int(v)
-
-
-def _pos_num(name, v, allow_zero=False):
-    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not (v > 0 or (allow_zero and v == 0)):
-        raise ValueError(f"{name} must be a {'non-negative' if allow_zero else 'positive'} number, got {v!r}")
-    return v
-
-
 def divisors(n: int) -> list:
     """The divisors of n in increasing order."""
-    n = _pos_int("n", n)
+    n = integer_at_least(n, "n")
     small = [d for d in range(1, int(math.isqrt(n)) + 1) if n % d == 0]
     return sorted(set(small + [n // d for d in small]))
 
@@ -119,13 +109,13 @@ class Model:
 
     def __post_init__(self):
         for f in ("layers", "hidden", "heads", "ffn", "seq_len"):
-            _pos_int(f, getattr(self, f))
+            integer_at_least(getattr(self, f), f)
         for f in ("kv_heads", "head_dim", "vocab", "moe_layers", "experts", "top_k", "expert_ffn", "shared_experts"):
-            _pos_int(f, getattr(self, f), lo=0)
+            integer_at_least(getattr(self, f), f, 0)
         if self.mlp_matrices not in (2, 3):
             raise ValueError(f"mlp_matrices must be 2 (plain MLP) or 3 (gated MLP), got {self.mlp_matrices!r}")
-        _pos_num("n_params", self.n_params, allow_zero=True)
-        _pos_num("attention_params", self.attention_params, allow_zero=True)
+        positive_number(self.n_params, "n_params", allow_zero=True)
+        positive_number(self.attention_params, "attention_params", allow_zero=True)
         if self.kv_heads and self.heads % self.kv_heads:
             raise ValueError(f"kv_heads={self.kv_heads} must divide heads={self.heads} (grouped-query attention)")
         if self.head_dim == 0 and self.hidden % self.heads:
@@ -201,12 +191,12 @@ class Cluster:
     reserve_bytes: float = 0.0
 
     def __post_init__(self):
-        _pos_int("n_devices", self.n_devices)
-        _pos_int("devices_per_node", self.devices_per_node)
+        integer_at_least(self.n_devices, "n_devices")
+        integer_at_least(self.devices_per_node, "devices_per_node")
         for f in ("memory_bytes", "peak_flops", "intra_bw", "inter_bw"):
-            _pos_num(f, getattr(self, f))
+            positive_number(getattr(self, f), f)
         for f in ("alpha_intra", "alpha_inter", "reserve_bytes"):
-            _pos_num(f, getattr(self, f), allow_zero=True)
+            positive_number(getattr(self, f), f, allow_zero=True)
         if not 0 < self.efficiency <= 1:
             raise ValueError(f"efficiency must be in (0, 1], got {self.efficiency!r}")
         if self.n_devices % self.devices_per_node and self.n_devices > self.devices_per_node:
@@ -255,9 +245,8 @@ class Layout:
 
     def __post_init__(self):
         for f in ("dp", "tp", "pp", "cp", "ep", "micro_batch", "v"):
-            _pos_int(f, getattr(self, f))
-        if self.zero not in (0, 1, 2, 3) or isinstance(self.zero, bool):
-            raise ValueError(f"zero must be a ZeRO stage 0, 1, 2 or 3, got {self.zero!r}")
+            integer_at_least(getattr(self, f), f)
+        check_zero_stage(self.zero, "zero")
         if self.recompute not in RECOMPUTE:
             raise ValueError(f"recompute must be one of {RECOMPUTE}, got {self.recompute!r}")
         if self.v > 1 and self.pp == 1:
@@ -348,7 +337,7 @@ def activation_bytes(model: Model, layout: Layout, m: int, rules: Rules = Rules(
 
 def assess(model: Model, cluster: Cluster, global_batch: int, layout: Layout, rules: Rules = Rules()) -> Assessment:
     """Check one layout against every constraint and, if it passes, estimate its step time."""
-    _pos_int("global_batch", global_batch)
+    integer_at_least(global_batch, "global_batch")
     L, n, dpn = layout, cluster.n_devices, cluster.devices_per_node
     reasons, notes = [], []
     if L.devices != n:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import costs
+from .validate import integer_at_least, positive_number
 
 SCHEMES = ("contiguous", "striped", "zigzag")
 
@@ -39,8 +40,7 @@ SCHEMES = ("contiguous", "striped", "zigzag")
 
 def _check_sp(s: int, p: int):
     for name, x in (("s", s), ("p", p)):
-        if isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x < 1:
-            raise ValueError(f"{name} must be an integer >= 1, got {x!r}")
+        integer_at_least(x, name)
 
 
 def _unit(p: int, scheme: str) -> int:
@@ -127,8 +127,7 @@ def work_table(s: int, p: int, scheme: str, causal: bool = True, tile: int | Non
 
 def _nonneg(**kw):
     for k, x in kw.items():
-        if isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating)) or x < 0:
-            raise ValueError(f"{k} must be a number >= 0, got {x!r}")
+        positive_number(x, k, allow_zero=True)
 
 
 def score_matrix_bytes(n: int, bytes_per: int = 2, heads: int = 1, layers: int = 1) -> int:

@@ -31,6 +31,7 @@ from torch import nn
 
 from . import costs
 from .tp_numpy import check_degree, check_divides
+from .validate import index_below, integer_at_least, positive_number, probability
 
 
 # ---- the group -----------------------------------------------------------------------------------
@@ -191,9 +192,7 @@ def column_shard(W: torch.Tensor, rank: int, t: int, parts: int = 1) -> torch.Te
     ``parts`` > 1 treats W as ``parts`` equal blocks side by side (e.g. [Q | K | V]) and takes the
     rank's slice of each block, so a fused QKV weight splits by heads.
     """
-    t = check_degree(t)
-    if not 0 <= rank < t:
-        raise ValueError(f"rank must be in [0, {t}), got {rank}")
+    index_below(rank, "rank", check_degree(t))
     width = check_divides("the number of weight blocks' columns", W.shape[-1], parts)
     n = check_divides("the output width of a column-parallel layer", width, t)
     blocks = W.split(width, dim=-1)
@@ -202,9 +201,7 @@ def column_shard(W: torch.Tensor, rank: int, t: int, parts: int = 1) -> torch.Te
 
 def row_shard(W: torch.Tensor, rank: int, t: int) -> torch.Tensor:
     """Rank ``rank``'s rows (first dim) of W for degree t."""
-    t = check_degree(t)
-    if not 0 <= rank < t:
-        raise ValueError(f"rank must be in [0, {t}), got {rank}")
+    index_below(rank, "rank", check_degree(t))
     n = check_divides("the input width of a row-parallel layer", W.shape[0], t)
     return W[rank * n:(rank + 1) * n].clone()
 
@@ -280,15 +277,13 @@ def position_dropout_mask(seed: int, stream: int, positions, b: int, width: int,
     draws exactly the rows a single process draws there: dropout on s/t rows under sequence
     parallelism equals dropout on all s rows under plain TP, on every rank.
     """
-    if not 0.0 <= p < 1.0:
-        raise ValueError(f"dropout probability p must be in [0, 1), got {p}")
+    probability(p, "dropout probability p", below_one=True)
     return torch.stack([torch.rand(b, width, generator=_generator(seed, stream, int(i))) >= p for i in positions])
 
 
 def head_dropout_mask(seed: int, stream: int, heads, b: int, s: int, p: float) -> torch.Tensor:
     """Keep-mask (bool, ``(b, len(heads), s, s)``) for attention probabilities, drawn per global head."""
-    if not 0.0 <= p < 1.0:
-        raise ValueError(f"dropout probability p must be in [0, 1), got {p}")
+    probability(p, "dropout probability p", below_one=True)
     return torch.stack([torch.rand(b, s, s, generator=_generator(seed, stream, int(j))) >= p for j in heads], dim=1)
 
 
@@ -332,12 +327,9 @@ class BlockConfig:
 
     def __post_init__(self):
         for name in ("h", "heads", "ffn"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+            integer_at_least(getattr(self, name), name)
         check_divides("the hidden size h", self.h, self.heads)
-        if not 0.0 <= self.p_drop < 1.0:
-            raise ValueError(f"dropout probability p_drop must be in [0, 1), got {self.p_drop}")
+        probability(self.p_drop, "dropout probability p_drop", below_one=True)
 
     @property
     def head_dim(self) -> int:
@@ -717,8 +709,7 @@ P8_LINK_BPS = 400e9  # "an assumed 400 GB/s intra-node link" (P.8)
 def activation_bytes(s: int, b: int, h: int, bytes_per_element: int = 2) -> int:
     """Bytes of one (s, b, h) activation: the payload of every TP all-reduce."""
     for name, v in (("s", s), ("b", b), ("h", h), ("bytes_per_element", bytes_per_element)):
-        if v < 1:
-            raise ValueError(f"{name} must be >= 1, got {v}")
+        integer_at_least(v, name)
     return s * b * h * bytes_per_element
 
 
@@ -746,8 +737,9 @@ def tp_layer_times(s, b, h, ffn, t, flops_per_s, link_bytes_per_s, alpha_s: floa
     compute = layer_forward_flops / flops_per_s; comm = allreduces x (2(t-1) alpha +
     2(t-1)/t S / link), S = s b h bytes (the ring model of P.7, the convention of P.8 and 12.2.1).
     """
-    if flops_per_s <= 0 or link_bytes_per_s <= 0 or alpha_s < 0:
-        raise ValueError("need flops_per_s > 0, link_bytes_per_s > 0 and alpha_s >= 0")
+    positive_number(flops_per_s, "flops_per_s")
+    positive_number(link_bytes_per_s, "link_bytes_per_s")
+    positive_number(alpha_s, "alpha_s", allow_zero=True)
     compute = layer_forward_flops(s, b, h, ffn, t, mlp_matrices) / flops_per_s
     one = 0.0 if t == 1 else costs.alpha_beta_time(t, activation_bytes(s, b, h, bytes_per_element), alpha_s, link_bytes_per_s)
     return {"t": t, "compute_s": compute, "comm_s": allreduces * one, "comm_fraction": allreduces * one / (compute + allreduces * one)}
@@ -768,8 +760,8 @@ def measure_matmul_flops(n: int = 256, repeats: int = 5, dtype=torch.float32, th
     import statistics
     import time
 
-    if n < 1 or repeats < 1:
-        raise ValueError(f"need n >= 1 and repeats >= 1, got n={n}, repeats={repeats}")
+    integer_at_least(n, "n")
+    integer_at_least(repeats, "repeats")
     old = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)

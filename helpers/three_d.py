@@ -33,6 +33,7 @@ from .mesh import Mesh, build_groups
 from .pipeline_parallel import layer_ranges
 from .pipeline_schedule import op_orders
 from .tensor_parallel import BlockConfig, ParallelBlock, make_block_params, reference_block, shard_block_params
+from .validate import integer_at_least
 
 SCHEDULES = ("1f1b", "gpipe")
 
@@ -53,8 +54,7 @@ def make_batch(batch: int, seq: int, h: int, seed: int = 1):
 def check_layout(dp: int, pp: int, tp: int, n_blocks: int, batch: int, m: int, cfg: BlockConfig) -> None:
     """ValueError unless every degree divides what it partitions (P.11's constraints)."""
     for name, v in (("dp", dp), ("pp", pp), ("tp", tp), ("n_blocks", n_blocks), ("batch", batch), ("m", m)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        integer_at_least(v, name)
     if n_blocks % pp:
         raise ValueError(f"PP={pp} must divide the {n_blocks} blocks")
     if batch % (dp * m):

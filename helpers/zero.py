@@ -36,6 +36,8 @@ import math
 import numpy as np
 
 from . import costs
+from .validate import index_below, integer_at_least, positive_number
+from .validate import zero_stage as check_zero_stage
 
 DEFAULT_SIZES = (8, 32, 32, 4)  # 288 + 1056 + 132 = 1476 parameters; every layer divides by 1, 2, 3, 4, 6, 12
 ADAMW = {"lr": 1e-2, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 1e-2}
@@ -53,14 +55,10 @@ def comm_bytes_per_rank(n_params: float, world_size: int, zero_stage: int, bytes
     backward) and one reduce-scatter. ``"units"`` is the total in the chapter's units of
     (M-1)/M x S: 2, 2, 2, 3.
     """
-    if not n_params > 0:
-        raise ValueError(f"n_params must be positive, got {n_params}")
-    if not (isinstance(world_size, int) and world_size >= 1):
-        raise ValueError(f"world_size must be an integer >= 1, got {world_size!r}")
-    if zero_stage not in (0, 1, 2, 3):
-        raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
-    if not bytes_per_element > 0:
-        raise ValueError(f"bytes_per_element must be positive, got {bytes_per_element}")
+    positive_number(n_params, "n_params")
+    integer_at_least(world_size, "world_size")
+    check_zero_stage(zero_stage)
+    positive_number(bytes_per_element, "bytes_per_element")
     payload = n_params * bytes_per_element
     unit = costs.ring_bytes_sent("reduce_scatter", payload, world_size)
     parts = {"all_reduce": 0.0, "reduce_scatter": 0.0, "all_gather": 0.0}
@@ -81,11 +79,9 @@ def collectives_per_step(zero_stage: int, n_layers: int, micro_batches: int = 1,
     last one when ``defer``) and one packed all-gather; stage 3: per micro-batch, one all-gather
     per layer in forward and in backward and one reduce-scatter per layer.
     """
-    if zero_stage not in (0, 1, 2, 3):
-        raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
-    for name, v in (("n_layers", n_layers), ("micro_batches", micro_batches)):
-        if not (isinstance(v, int) and v >= 1):
-            raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+    check_zero_stage(zero_stage)
+    integer_at_least(n_layers, "n_layers")
+    integer_at_least(micro_batches, "micro_batches")
     if zero_stage == 0:
         return {"all_reduce": 1, "reduce_scatter": 0, "all_gather": 0}
     if zero_stage == 1:
@@ -168,8 +164,8 @@ def make_regression(n_batches: int, batch: int, sizes=DEFAULT_SIZES, seed: int =
     """``n_batches`` fp32 regression batches (X, y) for :func:`make_mlp`, identical on every rank."""
     import torch
 
-    if n_batches < 1 or batch < 1:
-        raise ValueError(f"need n_batches >= 1 and batch >= 1, got {n_batches}, {batch}")
+    integer_at_least(n_batches, "n_batches")
+    integer_at_least(batch, "batch")
     g = torch.Generator().manual_seed(seed)
     X = torch.randn(n_batches, batch, sizes[0], generator=g)
     A = torch.randn(sizes[0], sizes[-1], generator=g) / math.sqrt(sizes[0])
@@ -185,8 +181,7 @@ class Unit:
     """One sharding unit (a Linear layer): its tensors flattened, padded to ``world`` chunks."""
 
     def __init__(self, shapes, world: int, rank: int):
-        if not (isinstance(world, int) and world >= 1 and 0 <= rank < world):
-            raise ValueError(f"need world >= 1 and 0 <= rank < world, got world={world}, rank={rank}")
+        index_below(rank, "rank", integer_at_least(world, "world"))
         self.shapes = [tuple(s) for s in shapes]
         self.numels = [math.prod(s) for s in self.shapes]
         self.numel = sum(self.numels)
@@ -322,8 +317,7 @@ class HandZero:
 
         from .worker import device
 
-        if zero_stage not in (0, 1, 2, 3):
-            raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
+        check_zero_stage(zero_stage)
         if precision not in STAGE_PRECISIONS:
             raise ValueError(f"precision must be one of {STAGE_PRECISIONS}, got {precision!r}")
         self.stage, self.mixed, self.sync = zero_stage, precision == "bf16-mixed", True
@@ -487,8 +481,7 @@ def zero_train_worker(zero_stage: int, steps: int = 3, batch: int = 16, sizes=DE
     from .commlog import span
     from .data_parallel import rank_rows
 
-    if not (isinstance(micro_batches, int) and micro_batches >= 1):
-        raise ValueError(f"micro_batches must be an integer >= 1, got {micro_batches!r}")
+    integer_at_least(micro_batches, "micro_batches")
     if defer_reduce and zero_stage != 2:
         raise ValueError(f"defer_reduce applies to stage 2 only (stages 0-1 reduce once per step anyway), got stage {zero_stage}")
     rank, world = dist.get_rank(), dist.get_world_size()

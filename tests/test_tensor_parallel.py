@@ -193,10 +193,10 @@ def test_book_numbers_of_the_cost_model():
     (lambda: tp.BlockConfig(h=30, heads=4), r"hidden size h \(30\)"),
     (lambda: tp.BlockConfig(p_drop=1.0), r"p_drop must be in \[0, 1\)"),
     (lambda: tp.column_shard(torch.ones(4, 6), 0, 4), r"output width of a column-parallel layer \(6\)"),
-    (lambda: tp.row_shard(torch.ones(6, 4), 4, 4), r"rank must be in \[0, 4\)"),
+    (lambda: tp.row_shard(torch.ones(6, 4), 4, 4), r"rank must be an integer in \[0, 4\)"),
     (lambda: tp.position_dropout_mask(0, 0, range(2), 1, 1, -0.1), r"p must be in \[0, 1\)"),
     (lambda: tp.layer_forward_flops(8, 1, 8, 32, 2, mlp_matrices=4), "mlp_matrices must be 2"),
-    (lambda: tp.tp_layer_times(8, 1, 8, 32, 2, 0, 1e9), "flops_per_s > 0"),
+    (lambda: tp.tp_layer_times(8, 1, 8, 32, 2, 0, 1e9), "flops_per_s must be a finite number > 0"),
     (lambda: tp.allreduce_bytes_per_device(8, 1, 8, 0), "integer >= 1"),
 ])
 def test_bad_input_is_rejected_with_the_constraint(call, match):
