@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .validate import integer_at_least
+from .validate import equal_parts, index_below, integer_at_least
 
 
 # ---- numpy: the P.6 example ------------------------------------------------------------------
@@ -22,11 +22,8 @@ def mse_grad(X: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 def split_evenly(n: int, parts: int) -> list[np.ndarray]:
     """Indices 0..n-1 cut into ``parts`` equal shards; ValueError unless ``parts`` divides ``n``."""
-    if parts < 1 or n < 0:
-        raise ValueError(f"need parts >= 1 and n >= 0, got parts={parts}, n={n}")
-    if n % parts:
-        raise ValueError(f"{parts} workers do not divide a batch of {n} evenly ({n} % {parts} = {n % parts})")
-    return np.array_split(np.arange(n), parts)
+    parts = equal_parts(n, parts, "{k} workers do not divide a batch of {n} evenly ({n} % {k} = {r})")
+    return [np.arange(p.start, p.stop) for p in parts]
 
 
 def split_at(n: int, sizes: list[int]) -> list[np.ndarray]:
@@ -117,18 +114,14 @@ def rank_rows(batch: int, rank: int, world: int) -> slice:
 
     Raises ``ValueError`` naming the constraint unless ``world`` divides ``batch``.
     """
-    if batch % world:
-        raise ValueError(f"world size {world} does not divide the batch {batch}")
-    per = batch // world
-    return slice(rank * per, (rank + 1) * per)
+    mine = equal_parts(batch, world, "world size {k} does not divide the batch {n}")[index_below(rank, "rank", world)]
+    return slice(mine.start, mine.stop)
 
 
 def shard_sizes_for(batch: int, world: int, sizes=None) -> list[int]:
     """Per-rank shard sizes: ``sizes`` as given (checked) or an even split of ``batch``."""
     if sizes is None:
-        if batch % world:
-            raise ValueError(f"world size {world} does not divide the batch {batch}; pass sizes= for unequal shards")
-        return [batch // world] * world
+        return [len(p) for p in equal_parts(batch, world, "world size {k} does not divide the batch {n}; pass sizes= for unequal shards")]
     if len(sizes) != world:
         raise ValueError(f"{len(sizes)} shard sizes given for {world} ranks")
     split_at(batch, list(sizes))  # validates

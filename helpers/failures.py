@@ -31,7 +31,7 @@ import time
 
 import numpy as np
 
-from .validate import durations as _durations, integer_at_least as _pos_int, positive_number as _pos_real
+from .validate import durations as _durations, equal_parts, integer_at_least as _pos_int, positive_number as _pos_real
 
 
 # ==== 1. stragglers ===============================================================================
@@ -581,10 +581,7 @@ def micro_shard_partials(n_shards: int = 8, length: int = 4096, seed: int = 0) -
 
 
 def _my_shards(n_shards: int, rank: int, world: int) -> range:
-    if n_shards % world:
-        raise ValueError(f"the world size {world} must divide the {n_shards} micro-shards")
-    k = n_shards // world
-    return range(rank * k, (rank + 1) * k)
+    return equal_parts(n_shards, world, "the world size {k} must divide the {n} micro-shards")[rank]
 
 
 def allreduce_worker(partials):

@@ -24,7 +24,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from .validate import integer_at_least, positive_number
+from .validate import equal_parts, integer_at_least, positive_number
 
 DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "int8": 1}
 
@@ -244,10 +244,8 @@ def matmul_rows_worker(A, B):
 
     rank, world = dist.get_rank(), dist.get_world_size()
     m = A.shape[0]
-    if m % world:
-        raise ValueError(f"the world size {world} must divide the {m} rows of A")
-    rows = m // world
-    a = torch.as_tensor(A[rank * rows:(rank + 1) * rows], device=device())
+    rows = equal_parts(m, world, "the world size {k} must divide the {n} rows of A")[rank]
+    a = torch.as_tensor(A[rows.start:rows.stop], device=device())
     b = torch.as_tensor(B, device=device())
     with span("compute"):
         block = (a @ b).contiguous()

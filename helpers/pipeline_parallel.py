@@ -35,7 +35,7 @@ import time
 
 from .costs import layer_forward_flops, layer_params, mlp_forward_flops  # noqa: F401 (12.2.2's worked example)
 from .pipeline_schedule import KINDS, check_schedule, from_records, op_orders, per_stage
-from .validate import integer_at_least, positive_number
+from .validate import equal_parts, integer_at_least, positive_number
 
 TORCH_SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
 
@@ -67,11 +67,7 @@ def make_data(batch: int = 32, width: int = 16, seed: int = 1):
 
 def layer_ranges(n_layers: int, p: int, v: int = 1) -> list[range]:
     """Layers of each virtual stage 0..p*v-1 (equal counts; ValueError unless p*v divides n_layers)."""
-    V = p * v
-    if V < 1 or n_layers % V:
-        raise ValueError(f"p*v = {V} virtual stages must divide the {n_layers} layers evenly")
-    k = n_layers // V
-    return [range(s * k, (s + 1) * k) for s in range(V)]
+    return equal_parts(n_layers, p * v, "p*v = {k} virtual stages must divide the {n} layers evenly")
 
 
 def forward_layers(layers, idx, x, n_layers: int):

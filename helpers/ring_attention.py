@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import costs
-from .validate import integer_at_least, positive_number
+from .validate import equal_parts, integer_at_least, positive_number
 
 SCHEMES = ("contiguous", "striped", "zigzag")
 
@@ -66,17 +66,13 @@ def partition_indices(s: int, p: int, scheme: str = "contiguous") -> list[np.nda
     """
     _check_sp(s, p)
     u = _unit(p, scheme)
-    if s % u:
-        raise ValueError(
-            f"sequence length s={s} is not divisible by {'2p' if scheme == 'zigzag' else 'p'}={u} "
-            f"({scheme} partition over p={p} ranks); pad it to {padded_length(s, p, scheme)} and mask the padding"
-        )
-    idx = np.arange(s)
+    chunks = [np.arange(c.start, c.stop) for c in equal_parts(s, u, (
+        f"sequence length s={{n}} is not divisible by {'2p' if scheme == 'zigzag' else 'p'}={{k}} "
+        f"({scheme} partition over p={p} ranks); pad it to {padded_length(s, p, scheme)} and mask the padding"))]
     if scheme == "contiguous":
-        return [c.copy() for c in np.split(idx, p)]
+        return chunks
     if scheme == "striped":
-        return [idx[k::p].copy() for k in range(p)]
-    chunks = np.split(idx, 2 * p)
+        return [np.arange(s)[k::p].copy() for k in range(p)]
     return [np.concatenate([chunks[k], chunks[2 * p - 1 - k]]) for k in range(p)]
 
 

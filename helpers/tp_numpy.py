@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .validate import index_below, integer_at_least
+from .validate import equal_parts, index_below, integer_at_least
 
 
 # ---- constraints ---------------------------------------------------------------------------------
@@ -26,11 +26,8 @@ def check_degree(t) -> int:
 
 def check_divides(what: str, size: int, t: int) -> int:
     """``size // t``; ValueError naming ``what`` unless t divides it (12.2.1: heads, FFN width...)."""
-    t = check_degree(t)
-    if size % t:
-        raise ValueError(f"{what} ({size}) must be divisible by the tensor-parallel degree t={t} "
-                         f"({size} % {t} = {size % t})")
-    return size // t
+    parts = equal_parts(size, check_degree(t), what + " ({n}) must be divisible by the tensor-parallel degree t={k} ({n} % {k} = {r})")
+    return len(parts[0])
 
 
 # ---- the two splits (P.8's 2x2 example) ----------------------------------------------------------

@@ -59,6 +59,22 @@ def probability(v, name: str, below_one: bool = False) -> float:
     return x
 
 
+def equal_parts(n: int, k: int, message: str = "{k} parts do not divide {n} items evenly ({n} % {k} = {r})") -> list[range]:
+    """Indices 0..n-1 cut into ``k`` contiguous equal parts: part i is ``range(i n/k, (i+1) n/k)``.
+
+    The one "split n into k equal parts" of the workbook (a batch over ranks, keys into blocks,
+    layers into stages, a width over tensor-parallel ranks...). ValueError unless ``k`` divides
+    ``n``, with ``message`` naming the constraint in the caller's words: ``{n}``, ``{k}`` and the
+    remainder ``{r}`` are filled in.
+    """
+    n = integer_at_least(n, "n (the number of items to split)", 0)
+    k = integer_at_least(k, "k (the number of equal parts)")
+    if n % k:
+        raise ValueError(message.format(n=n, k=k, r=n % k))
+    size = n // k
+    return [range(i * size, (i + 1) * size) for i in range(k)]
+
+
 def durations(values, name: str = "durations") -> list[float]:
     """Per-worker times as floats; ValueError unless a non-empty sequence of finite numbers >= 0."""
     try:

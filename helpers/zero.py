@@ -36,7 +36,7 @@ import math
 import numpy as np
 
 from . import costs
-from .validate import index_below, integer_at_least, positive_number
+from .validate import equal_parts, index_below, integer_at_least, positive_number
 from .validate import zero_stage as check_zero_stage
 
 DEFAULT_SIZES = (8, 32, 32, 4)  # 288 + 1056 + 132 = 1476 parameters; every layer divides by 1, 2, 3, 4, 6, 12
@@ -670,8 +670,7 @@ def identity_worker(numel: int = 1 << 12, seed: int = 0):
     from .worker import device
 
     world, rank = dist.get_world_size(), dist.get_rank()
-    if numel % world:
-        raise ValueError(f"world size {world} does not divide {numel} elements into equal chunks")
+    equal_parts(numel, world, "world size {k} does not divide {n} elements into equal chunks")
     g = torch.Generator().manual_seed(seed + rank)
     x = torch.randint(-100, 100, (numel,), generator=g).to(torch.float32).to(device())  # integers: sums are exact
     ar = x.clone()

@@ -18,6 +18,19 @@ def test_accepted_values_come_back_converted():
     assert V.durations(x for x in (1, 2.5)) == [1.0, 2.5] and V.durations(np.array([0.0, 1.0])) == [0.0, 1.0]
 
 
+def test_equal_parts_splits_and_names_the_constraint_in_the_callers_words():
+    assert V.equal_parts(12, 3) == [range(0, 4), range(4, 8), range(8, 12)]
+    assert V.equal_parts(0, 2) == [range(0, 0), range(0, 0)] and V.equal_parts(5, 1) == [range(0, 5)]
+    with pytest.raises(ValueError, match=r"^3 parts do not divide 10 items evenly \(10 % 3 = 1\)$"):
+        V.equal_parts(10, 3)
+    with pytest.raises(ValueError, match="^world size 4 does not divide the batch 30$"):
+        V.equal_parts(30, 4, "world size {k} does not divide the batch {n}")
+    with pytest.raises(ValueError, match=r"k \(the number of equal parts\) must be an integer >= 1"):
+        V.equal_parts(4, 0)
+    with pytest.raises(ValueError, match=r"n \(the number of items to split\) must be an integer >= 0"):
+        V.equal_parts(-4, 2)
+
+
 @pytest.mark.parametrize("call, match", [
     (lambda: V.positive_number(0, "x"), "x must be a finite number > 0, got 0"),
     (lambda: V.positive_number(-1, "x", allow_zero=True), "x must be a finite number >= 0, got -1"),
