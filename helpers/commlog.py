@@ -184,6 +184,31 @@ def active_log() -> CommLog | None:
     return _ACTIVE
 
 
+@dataclass(frozen=True)
+class Mark:
+    """A point in this rank's communication log, from :func:`mark` (``log`` is None outside a job)."""
+
+    log: CommLog | None
+    index: int
+
+
+def mark() -> Mark:
+    """The current end of the active log: ``m = mark(); ...; ops_since(m)`` are the calls made in between."""
+    return Mark(_ACTIVE, len(_ACTIVE.ops) if _ACTIVE is not None else 0)
+
+
+def ops_since(start: Mark, end: Mark | None = None) -> list[CommOp]:
+    """The operations recorded after ``start`` (and before ``end``, if given); [] outside a launched job."""
+    if start.log is None:
+        return []
+    return start.log.ops[start.index:None if end is None else end.index]
+
+
+def as_tuples(ops) -> list[tuple[str, int, int]]:
+    """Each operation as (op, payload bytes, group size): the plain form worker functions return."""
+    return [(o.op, o.bytes, o.group_size) for o in ops]
+
+
 @contextmanager
 def span(name: str):
     """Time a named stretch of work on this rank: ``with span("compute"): ...``.

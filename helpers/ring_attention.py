@@ -704,18 +704,11 @@ def compare_results(results: list[dict], s: int, heads: int, d: int, *, causal: 
     return {"errors": errs, "tolerance": (rtol, atol), "ok": ok}
 
 
-def _ops_now():
-    from .commlog import active_log
+def _sent_since(start) -> float:
+    """Ring-model bytes this rank sent since the :func:`helpers.commlog.mark` ``start`` (nan outside a job)."""
+    from .commlog import ops_since
 
-    log = active_log()
-    return (log, len(log.ops)) if log is not None else (None, 0)
-
-
-def _sent_since(mark) -> float:
-    log, n0 = mark
-    if log is None:
-        return float("nan")
-    return float(sum(o.model_sent for o in log.ops[n0:]))
+    return float(sum(o.model_sent for o in ops_since(start))) if start.log is not None else float("nan")
 
 
 def designs_worker(s: int, heads: int, d: int, *, causal: bool = False, seed: int = 0, dtype: str = "float32"):
@@ -728,6 +721,7 @@ def designs_worker(s: int, heads: int, d: int, *, causal: bool = False, seed: in
     import torch
     import torch.distributed as dist
 
+    from .commlog import mark
     from .worker import device
 
     rank, p = dist.get_rank(), dist.get_world_size()
@@ -745,16 +739,16 @@ def designs_worker(s: int, heads: int, d: int, *, causal: bool = False, seed: in
     meter = BufferMeter()
     ql, kl, vl = (x.index_select(1, ti).to(dev) for x in (q, k, v))
     meter.track(kl, "kv"), meter.track(vl, "kv")
-    mark = _ops_now()
+    start = mark()
     with torch.no_grad():
         out = ring_attention(ql, kl, vl, causal=causal, meter=meter)
-    res["ring"] = {"out": out, "sent": _sent_since(mark), "kv_peak": meter.peak.get("kv", 0)}
+    res["ring"] = {"out": out, "sent": _sent_since(start), "kv_peak": meter.peak.get("kv", 0)}
     del out
 
     # 2. all-gather K and V, then attend locally
     meter = BufferMeter()
     meter.track(kl, "kv"), meter.track(vl, "kv")
-    mark = _ops_now()
+    start = mark()
     kv = torch.stack([kl, vl])
     full = _track(meter, torch.empty((p * 2,) + tuple(kv.shape[1:]), dtype=kv.dtype, device=dev), "kv")
     dist.all_gather_single(full, kv)
@@ -764,13 +758,13 @@ def designs_worker(s: int, heads: int, d: int, *, causal: bool = False, seed: in
     vf = parts[:, 1].permute(1, 0, 2, 3).reshape(heads, s, d)
     plan = _plan(idx, np.arange(s), causal, None, n)
     o, _, _ = block_forward(ql, kf, vf, plan, 1.0 / math.sqrt(d))
-    res["allgather"] = {"out": o.to(dt), "sent": _sent_since(mark), "kv_peak": meter.peak.get("kv", 0)}
+    res["allgather"] = {"out": o.to(dt), "sent": _sent_since(start), "kv_peak": meter.peak.get("kv", 0)}
     del full, parts, kf, vf, o
 
     # 3. Ulysses: all-to-all so each rank holds all s tokens of heads/p heads, attend, all-to-all back
     meter = BufferMeter()
     meter.track(kl, "kv"), meter.track(vl, "kv")
-    mark = _ops_now()
+    start = mark()
     hp = heads // p
 
     def to_heads(x):  # (heads, n, d) sequence-sharded -> (heads/p, s, d) head-sharded
@@ -788,7 +782,7 @@ def designs_worker(s: int, heads: int, d: int, *, causal: bool = False, seed: in
     send = oh.to(dt).reshape(hp, p, n, d).permute(1, 0, 2, 3).contiguous()  # chunk i: rank i's tokens
     recv = torch.empty_like(send)
     dist.all_to_all_single(recv, send)
-    res["ulysses"] = {"out": recv.reshape(heads, n, d), "sent": _sent_since(mark), "kv_peak": meter.peak.get("kv", 0)}
+    res["ulysses"] = {"out": recv.reshape(heads, n, d), "sent": _sent_since(start), "kv_peak": meter.peak.get("kv", 0)}
     res["shard_bytes"] = 2 * kl.numel() * kl.element_size()
     return res
 

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import costs
+from .commlog import as_tuples, mark, ops_since
 from .tp_numpy import check_degree, check_divides
 from .validate import index_below, integer_at_least, positive_number, probability
 
@@ -591,20 +592,6 @@ def _qkv_from_colwise(W: torch.Tensor, t: int) -> torch.Tensor:
 
 # ---- workers (run under the launcher, or torchrun) ---------------------------------------------------
 
-def _comm_index() -> int:
-    from .commlog import active_log
-
-    log = active_log()
-    return len(log.ops) if log is not None else 0
-
-
-def _comm_since(i: int) -> list[tuple[str, int, int]]:
-    from .commlog import active_log
-
-    log = active_log()
-    return [(o.op, o.bytes, o.group_size) for o in log.ops[i:]] if log is not None else []
-
-
 def block_inputs(cfg: BlockConfig, s: int, b: int, seed: int = 1, dtype=torch.float64):
     """The input x (s, b, h) and the output-gradient weights R of the loss sum(out * R)."""
     g = torch.Generator().manual_seed(seed)
@@ -643,15 +630,15 @@ def tp_block_worker(cfg: BlockConfig | dict | None = None, s: int = 16, b: int =
     if sequence_parallel:
         x, R = split_seq(x), split_seq(R)
     x = x.clone().requires_grad_()
-    i0 = _comm_index()
+    m0 = mark()
     out = block(x)
-    i1 = _comm_index()
+    m1 = mark()
     (out * R).sum().backward()
-    i2 = _comm_index()
+    m2 = mark()
     n_sync = allreduce_replicated_grads(block) if sequence_parallel and sync_replicated else 0
     return {"out": out.detach(), "dx": x.grad.detach(), "grads": block.grads(),
-            "forward": _comm_since(i0)[: i1 - i0], "backward": _comm_since(i1)[: i2 - i1],
-            "grad_sync": _comm_since(i2), "n_grad_sync": n_sync}
+            "forward": as_tuples(ops_since(m0, m1)), "backward": as_tuples(ops_since(m1, m2)),
+            "grad_sync": as_tuples(ops_since(m2)), "n_grad_sync": n_sync}
 
 
 def torch_tp_worker(cfg: BlockConfig | dict | None = None, s: int = 16, b: int = 2, param_seed: int = 0, data_seed: int = 1,
@@ -680,14 +667,14 @@ def torch_tp_worker(cfg: BlockConfig | dict | None = None, s: int = 16, b: int =
         x, R = split_seq(x), split_seq(R)
         block.first_position = rank * x.shape[0]
     x = x.clone().requires_grad_()
-    i0 = _comm_index()
+    m0 = mark()
     out = _local(block(x))
-    i1 = _comm_index()
+    m1 = mark()
     (out * R).sum().backward()
-    i2 = _comm_index()
+    m2 = mark()
     grads = torch_block_grads(block)
     return {"out": out.detach(), "dx": x.grad.detach(), "grads": grads,
-            "forward": _comm_since(i0)[: i1 - i0], "backward": _comm_since(i1)[: i2 - i1]}
+            "forward": as_tuples(ops_since(m0, m1)), "backward": as_tuples(ops_since(m1, m2))}
 
 
 def count_ops(ops) -> dict[str, int]:
