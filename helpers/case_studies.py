@@ -12,7 +12,8 @@ import json
 from fractions import Fraction
 
 from .memory import GB
-from .planner import DATA, Cluster, Layout, Model, Rules, assess, h100_cluster, hardware
+from .planner_assess import Layout, Rules, assess
+from .planner_specs import DATA, Cluster, Model, h100_cluster, hardware
 
 CONFIGS = DATA / "configs"
 NAMES = ("llama3_405b", "deepseek_v3", "gemma2")
