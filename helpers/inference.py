@@ -185,7 +185,7 @@ def build_decoder(cfg, layers: int, seed: int = 0, dtype=None, group=None) -> li
     """
     import torch
 
-    from .tensor_parallel import ParallelBlock, make_block_params
+    from .tp_block import ParallelBlock, make_block_params
 
     if cfg.p_drop != 0:
         raise ValueError("inference runs without dropout: use a BlockConfig with p_drop=0")
@@ -207,11 +207,11 @@ def decode_inputs(cfg, steps: int, batch: int = 1, seed: int = 1, dtype=None):
 def timed_all_reduces(durations: list):
     """Time every all-reduce the tensor-parallel layers issue (appends seconds to ``durations``).
 
-    Wraps :func:`helpers.tensor_parallel.all_reduce_sum`, the one function through which the
+    Wraps :func:`helpers.tp_layers.all_reduce_sum`, the one function through which the
     row-parallel layers all-reduce, for the duration of the ``with`` block. Calls on a group of
     one rank (no communication) are not counted.
     """
-    from . import tensor_parallel as tpmod
+    from . import tp_layers as tpmod
 
     original = tpmod.all_reduce_sum
 

@@ -19,8 +19,9 @@ import torch
 
 from . import costs
 from .costs import activation_bytes_per_layer  # noqa: F401 (12.3.1's formula, used by the notebook)
-from .tensor_parallel import (BlockConfig, ParallelBlock, as_config, block_inputs, check_tp_shapes, make_block_params,
-                              split_seq, tp_rank_size)
+from .tensor_parallel import block_inputs
+from .tp_block import BlockConfig, ParallelBlock, as_config, check_tp_shapes, make_block_params
+from .tp_layers import split_seq, tp_rank_size
 from .tp_numpy import check_degree
 
 

@@ -33,7 +33,7 @@ from .commlog import as_tuples, mark, ops_since
 from .mesh import Mesh, build_groups
 from .pipeline_parallel import layer_ranges
 from .pipeline_schedule import op_orders
-from .tensor_parallel import BlockConfig, ParallelBlock, make_block_params, reference_block, shard_block_params
+from .tp_block import BlockConfig, ParallelBlock, make_block_params, reference_block, shard_block_params
 from .validate import integer_at_least
 
 SCHEDULES = ("1f1b", "gpipe")

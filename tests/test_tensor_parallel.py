@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from helpers import tensor_parallel as tp
+from helpers import tp_block
 from helpers import tp_numpy as tn
 from helpers.launcher import RankError, launch
 
@@ -161,7 +162,7 @@ def test_single_process_block_and_torch_block_equal_the_reference(reference):
     assert _max_diff(blk(x), reference["out"]) < 1e-13
     assert _max_diff(tp.TorchBlock(tp.make_block_params(CFG), CFG)(x), reference["out"]) < 1e-13
     W = torch.arange(24.0).reshape(2, 12)
-    assert torch.equal(tp._qkv_from_colwise(tp.qkv_for_colwise(W, 2), 2), W)
+    assert torch.equal(tp_block._qkv_from_colwise(tp.qkv_for_colwise(W, 2), 2), W)
     assert tp.qkv_for_colwise(W, 2)[0, :6].tolist() == [0, 1, 4, 5, 8, 9]  # rank 0: its half of Q, K, V
 
 
