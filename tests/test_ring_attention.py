@@ -105,7 +105,7 @@ def test_block_kernel_merged_over_a_simulated_ring_equals_attention(scheme):
         lse = torch.full((heads, s // p), -math.inf, dtype=q.dtype)
         for j in range(p):  # rank r sees blocks r, r-1, ... as on the ring
             src = (r - j) % p
-            plan = ra._plan(parts[r], parts[src], True, None, 4)
+            plan = ra.tile_plan(parts[r], parts[src], True, None, 4)
             if plan:
                 bo, bl, nt = ra.block_forward(q[:, ir], k[:, parts[src]], v[:, parts[src]], plan, scale)
                 ra.merge_into(out, lse, bo, bl)
@@ -116,7 +116,7 @@ def test_block_kernel_merged_over_a_simulated_ring_equals_attention(scheme):
         delta = (dout[:, ir] * out).sum(-1)
         dq = torch.zeros(heads, s // p, d, dtype=q.dtype)
         for src in range(p):
-            plan = ra._plan(parts[r], parts[src], True, None, 4)
+            plan = ra.tile_plan(parts[r], parts[src], True, None, 4)
             if plan:
                 bq, bk, bv, _ = ra.block_backward(q[:, ir], k[:, parts[src]], v[:, parts[src]], dout[:, ir], lse, delta, plan, scale)
                 dq += bq
