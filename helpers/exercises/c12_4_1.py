@@ -1,5 +1,6 @@
 """Exercise checks for 12.4.1 (rules of thumb for choosing a mix)."""
 from . import check_number, check_true, require
+from ..costs import ring_bytes_sent
 from ..memory import GB, per_device_bytes
 from ..pipeline_schedule import bubble_formula
 
@@ -20,7 +21,8 @@ def ex2(answer):
 def ex3(answer):
     """GB each GPU sends per step in the reduce-scatter + all-gather of the 70B's BF16 gradients (TP=8, DP=32)."""
     shard = 70e9 / 8 * 2
-    check_number(answer, 2 * 31 / 32 * shard / GB, what="the bytes each GPU sends per step, in GB",
+    sent = ring_bytes_sent("reduce_scatter", shard, 32) + ring_bytes_sent("all_gather", shard, 32)
+    check_number(answer, sent / GB, what="the bytes each GPU sends per step, in GB",
                  hint="A ring reduce-scatter and a ring all-gather each send (d-1)/d of the GPU's own gradient bytes.")
 
 
