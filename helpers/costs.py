@@ -17,15 +17,19 @@ that says what the payload or the shape is in its section's words (e.g.
   2 h (heads x d) + 2 h (kv_heads x d) weights (4h^2 for plain multi-head attention), an MLP of
   2 or 3 matrices of h x ffn; forward FLOPs 2 per weight per token plus attention's
   4 x tokens x seq x width; training FLOPs per token 6 N + 12 L s (heads x d) (PaLM, appendix B).
+* **Mixture-of-experts routing** (12.4.1, 12.4.2): an expert's capacity ceil(cf x tokens x k / E);
+  the dispatch (and combine) all-to-all of expert parallelism carries tokens x k x h x bytes per
+  rank, of which the copies for other ranks' experts, (EP-1)/EP under even routing, leave it.
 * **Bytes per parameter** of model state by precision recipe and optimizer (12.1.1, 12.1.2).
 
 Sizes in bytes, times in seconds, bandwidths in bytes per second.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from .validate import integer_at_least, positive_number
+from .validate import integer_at_least, positive_number, probability
 
 # ---- collectives on a ring (P.7) ---------------------------------------------------------------
 
@@ -81,6 +85,47 @@ def alpha_beta_time(n: int, size_bytes, alpha: float, beta: float, op: str = "al
     positive_number(alpha, "alpha (seconds per step)", allow_zero=True)
     positive_number(beta, "beta (bytes/s per link)")
     return ring_steps(op, n) * alpha + ring_bytes_sent(op, 1.0, n) * size_bytes / beta
+
+
+# ---- mixture-of-experts routing (12.4.1, 12.4.2) -------------------------------------------------
+
+def expert_capacity(tokens: int, experts: int, top_k: int, capacity_factor=None) -> int:
+    """Token copies one expert accepts from a group of ``tokens`` tokens: ceil(cf x tokens x top_k / experts).
+
+    ``tokens x top_k / experts`` is the expert's share under perfectly even routing; the capacity
+    factor cf > 0 scales it (GShard, Switch Transformer). ``capacity_factor=None`` means no limit:
+    ``tokens`` (an expert appears at most once among a token's top-k), so nothing is dropped.
+    """
+    tokens = integer_at_least(tokens, "tokens", 0)
+    experts = integer_at_least(experts, "the number of experts")
+    top_k = integer_at_least(top_k, "top_k")
+    if top_k > experts:
+        raise ValueError(f"top_k ({top_k}) must be <= the number of experts ({experts})")
+    if capacity_factor is None:
+        return tokens
+    cf = positive_number(capacity_factor, "capacity_factor")
+    return math.ceil(round(cf * tokens * top_k / experts, 9))  # round: 1.1 x 40 / 4 is 11, not 11.000000000000002
+
+
+def moe_dispatch_bytes(tokens: int, top_k: int, hidden: int, bytes_per_value: float = 2) -> float:
+    """Payload of one dispatch all-to-all on one rank: every routed copy of a token's hidden vector,
+    tokens x top_k x hidden x bytes (the combine returns as many; the local experts' share included)."""
+    positive_number(bytes_per_value, "bytes_per_value")
+    return integer_at_least(tokens, "tokens", 0) * integer_at_least(top_k, "top_k") * integer_at_least(hidden, "hidden") * bytes_per_value
+
+
+def moe_all_to_all_sent(tokens: int, top_k: int, hidden: int, ep: int, bytes_per_value: float = 2, remote_share=None) -> float:
+    """Bytes one rank sends in one dispatch (or combine) all-to-all of expert parallelism over ``ep`` ranks:
+    tokens x top_k x hidden x bytes x the share of the copies routed to experts on other ranks.
+
+    The share defaults to (ep-1)/ep, even routing over experts spread evenly over the ranks (the
+    all-to-all's ring cost, :func:`ring_bytes_sent`); pass the measured share otherwise.
+    """
+    payload = moe_dispatch_bytes(tokens, top_k, hidden, bytes_per_value)
+    if remote_share is None:
+        return ring_bytes_sent("all_to_all", payload, ep)
+    integer_at_least(ep, "the expert-parallel degree ep")
+    return payload * probability(remote_share, "remote_share")
 
 
 # ---- activation memory per layer (Korthikanti et al. 2022; 12.3.1) ------------------------------

@@ -271,11 +271,12 @@ def step_time(model: Model, cluster: Cluster, global_batch: int, layout: Layout,
         cp = 2 * lps * m * costs.alpha_beta_time(L.cp, L.cp * shard, a, bw, op="all_gather")
     # expert parallelism: dispatch + combine, forward and backward
     ep = 0.0
-    if L.ep > 1:
+    if L.ep > 1 and model.experts:  # (EP on a dense model is rejected by assess)
         a, bw = cluster.link(L.ep * L.tp > dpn)
         moe_dev = model.moe_layers * lps / model.layers
-        tokens = s * L.micro_batch / (L.tp if (L.sequence_parallel and L.tp > 1) else 1)  # SP splits the tokens over TP
-        ep = 4 * moe_dev * m * costs.alpha_beta_time(L.ep, tokens * model.top_k * model.hidden * 2, a, bw, op="all_to_all")
+        payload = costs.moe_dispatch_bytes(s * L.micro_batch, model.top_k, model.hidden, 2)
+        payload /= L.tp if (L.sequence_parallel and L.tp > 1) else 1  # SP splits the tokens over TP
+        ep = 4 * moe_dev * m * costs.alpha_beta_time(L.ep, payload, a, bw, op="all_to_all")
         if rules.overlap_ep:
             ep = max(0.0, ep - compute)
     busy = compute + tp + cp + ep
