@@ -81,3 +81,18 @@ def test_experts_not_divisible_by_ranks_is_refused_on_the_ranks():
     with pytest.raises(ValueError, match="divisible"):
         epl.local_experts(6, 4, 0)
     assert list(epl.local_experts(8, 4, 3)) == [6, 7]
+
+
+def test_exercise_check_reads_the_run_and_its_log(runs):
+    from helpers.exercises import NotAnswered, c12_4_1
+
+    asked = dict(tokens=32, experts=16, top_k=4, capacity_factor=1.25, world_size=4, quiet=True)
+    c12_4_1.ex5(launch(epl.ep_worker, **asked))
+    with pytest.raises(NotAnswered):
+        c12_4_1.ex5(None)
+    with pytest.raises(AssertionError, match="a Run from launch"):
+        c12_4_1.ex5(runs[1.0].results)
+    with pytest.raises(AssertionError, match="the layout asked for"):
+        c12_4_1.ex5(runs[1.0])
+    with pytest.raises(AssertionError, match="all-to-all dispatch and combine"):  # right answers, but no log of the ranks
+        c12_4_1.ex5(launch(epl.ep_worker, record=False, **asked))

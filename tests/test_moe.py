@@ -120,3 +120,20 @@ def test_value_errors():
         costs.expert_capacity(8, 4, 5, 1.0)
     with pytest.raises(ValueError, match="remote_share"):
         costs.moe_all_to_all_sent(8, 2, 4, 4, remote_share=1.5)
+
+
+def test_deepseek_v3_expert_parallelism_read_back():
+    from helpers import case_studies as cs
+
+    r = cs.deepseek_ep()
+    p, b = r["params"], r["bytes"]
+    assert p["experts per GPU per MoE layer"] == 4  # 256 routed experts over EP 64
+    assert p["one MoE layer on one GPU: routed experts"] == 4 * 3 * 7168 * 2048
+    assert p["one MoE layer on one GPU: attention, shared expert, router"] > p["one MoE layer on one GPU: routed experts"]
+    assert p["per GPU, 16 stages averaged: total"] == pytest.approx((653.9e9 / 64 + 17.1e9) / 16, rel=1e-3)
+    # 4096 tokens x 8 copies x 7168 values, 63/64 of them to other GPUs: FP8 dispatch, BF16 combine
+    assert b["EP 64 dispatch (FP8)"] == 4096 * 8 * 7168 * 63 / 64 == 231_211_008
+    assert b["EP 64 combine (BF16)"] == 2 * 231_211_008
+    # TP over the same 64-way split: every GPU all-reduces every token's output (2 x 63/64 x s h x 2 bytes)
+    assert b["TP 64 over the experts, per micro-batch (shared by 64 GPUs)"] == 2 * 63 / 64 * 4096 * 7168 * 2
+    assert b["TP 64 over the experts, same tokens per GPU as EP"] == 8 * b["EP 64 dispatch + combine, both BF16"]  # EP / top_k

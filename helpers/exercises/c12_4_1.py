@@ -37,3 +37,37 @@ def ex4(results, reference):
     check_true(max(abs(a - b) for a, b in zip(losses, reference["losses"])) < 1e-10 and max_param_diff(results, reference, tp) < 1e-10,
                what="losses and parameters equal single-process training",
                hint="Same steps, batch and learning rate on both sides.")
+
+
+def ex5(run):
+    """Expert parallelism on 4 ranks: 16 experts, top_k = 4, capacity factor 1.25, 32 tokens per rank.
+
+    Checks the Run itself: its arguments, outputs and gradients against the numpy layer, and
+    every rank's communication log: the dispatch and combine all-to-alls carry exactly the rows
+    the routing sends (kept copies x h x 8 bytes)."""
+    import numpy as np
+
+    from ..expert_parallel import max_differences, token_all_to_alls
+    from ..moe_numpy import dispatch_counts, reference
+
+    require(run, "the Run that launch(...) returns")
+    check_true(hasattr(run, "results") and hasattr(run, "comm"), what="a Run from launch(...)",
+               hint="Pass what launch returns, not run.results.")
+    res = run.results
+    check_true(len(res) == 4 and all(isinstance(r, dict) and "args" in r for r in res),
+               what="4 ranks, each returning what epl.ep_worker returns", hint="launch(epl.ep_worker, ..., world_size=4).")
+    a = res[0]["args"]
+    want = {"experts": 16, "top_k": 4, "capacity_factor": 1.25, "tokens": 32, "ranks": 4}
+    check_true(all(a.get(k) == v for k, v in want.items()), what="the layout asked for: 16 experts, top_k 4, cf 1.25, 32 tokens per rank",
+               hint="Pass tokens=, experts=, top_k= and capacity_factor= to launch, which hands them to the worker.")
+    ref = reference(**a)
+    check_true(max(max_differences(res, ref).values()) < 1e-10, what="outputs and gradients equal the single-process layer")
+    D, row = dispatch_counts(ref["idx"], ref["keep"], a["experts"], 4), a["h"] * 8
+    ok = True
+    for r in range(4):
+        ops = [(o.op, o.bytes, o.group_size) for o in run.comm[r]]
+        fwd = token_all_to_alls(ops[:3])
+        ok &= len(ops) >= 5 and all(op == "all_to_all" and g == 4 for op, _, g in ops)
+        ok &= fwd == [D[r].sum() * row, D[:, r].sum() * row]
+    check_true(ok, what="every rank's log shows the all-to-all dispatch and combine of exactly its routed rows",
+               hint="Run the worker with record=True (the default) so the log records the collectives.")

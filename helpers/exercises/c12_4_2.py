@@ -34,3 +34,11 @@ def ex4(result):
           and result.get("sums", {}).get("cp") == sum(mesh.group_of(5, "cp")))
     check_true(ok, what="rank 5's coordinate and context-parallel group on the ranks",
                hint="launch(mesh.hand_groups_worker, ('dp', 'pp', 'cp', 'tp'), (2, 2, 2, 2), world_size=16).")
+
+
+def ex5(answer):
+    """MB each GPU sends in one DeepSeek-V3 MoE layer's forward dispatch (FP8), one 4096-token sequence, EP 64."""
+    from ..costs import moe_all_to_all_sent
+
+    check_number(answer, moe_all_to_all_sent(4096, 8, 7168, 64, 1) / 1e6, what="the dispatch bytes each GPU sends, in MB",
+                 hint="Every token goes to 8 experts; a copy to an expert on another GPU leaves it; FP8 is 1 byte per value.")
