@@ -155,3 +155,34 @@ def test_bad_input_is_rejected():
         rc.peak_growth(CFG, S, B, "none", layers=(3, 1))
     with pytest.raises(TypeError, match="TorchBlock"):
         rc.measure_block(torch.nn.Linear(4, 4), S, B)
+
+
+# ---- 12.3.1's exercise 4: the check sees how the recomputation was done ------------------------------
+
+def test_exercise_check_tells_selective_from_full_and_none(capsys):
+    from torch.utils.checkpoint import checkpoint
+
+    from helpers.exercises import c12_3_1
+
+    class Selective(tb.TorchBlock):
+        def attention(self, qkv):
+            return checkpoint(super().attention, qkv, use_reentrant=False)
+
+    class Full(tb.TorchBlock):
+        def forward(self, x):
+            return checkpoint(super().forward, x, use_reentrant=False)
+
+    class Wide(tb.TorchBlock):  # recomputes the QKV projection too
+        def attention(self, qkv):
+            return super().attention(qkv)
+
+        def forward(self, x):
+            ctx = checkpoint(lambda z: self.attention(self.qkv(self.ln1(z))), x, use_reentrant=False)
+            h1 = x + self.o(ctx)
+            return h1 + self.fc2(torch.nn.functional.gelu(self.fc1(self.ln2(h1)), approximate="tanh"))
+
+    c12_3_1.ex4(Selective)
+    assert capsys.readouterr().out.count("correct:") == 3
+    for wrong, says in ((Full, "full recomputation"), (tb.TorchBlock, "nothing is recomputed"), (Wide, "34 sbh"), (None, "not answered")):
+        with pytest.raises(AssertionError, match=says):
+            c12_3_1.ex4(wrong)
