@@ -13,6 +13,11 @@ that says what the payload or the shape is in its section's words (e.g.
   tensor-parallel and sequence-parallel variants, with or without the s x s scores and the
   dropout masks (:func:`activation_bytes_per_layer`); full recomputation keeps each layer's
   input (:func:`layer_input_bytes`).
+* **Activation recomputation** (Korthikanti et al. 2022, 12.3.1, 12.4.1), per layer, by policy
+  (:data:`RECOMPUTE_POLICIES`): what a layer keeps for backward (:func:`recompute_kept_bytes`:
+  everything; everything but the 5as/h attention-core term, "selective"; only the input, "full"),
+  what its backward re-materialises (:func:`recompute_rematerialised_bytes`) and the forward FLOPs
+  it repeats (:func:`recompute_forward_flops`: 0; the attention core's two products; the layer).
 * **Parameters and FLOPs** of a transformer layer (P.8, 12.2.1, 12.2.2, 12.4.1): attention
   2 h (heads x d) + 2 h (kv_heads x d) weights (4h^2 for plain multi-head attention), an MLP of
   2 or 3 matrices of h x ffn; forward FLOPs 2 per weight per token plus attention's
@@ -29,7 +34,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .validate import integer_at_least, positive_number, probability
+from .validate import integer_at_least, one_of, positive_number, probability
 
 # ---- collectives on a ring (P.7) ---------------------------------------------------------------
 
@@ -166,6 +171,72 @@ def layer_input_bytes(s: int, b: int, h: int, t: int = 1, sequence_parallel: boo
     t = integer_at_least(t, "the tensor-parallel degree t")
     s, b, h = _shape(s, b, h)
     return 2 * s * b * h / (t if sequence_parallel else 1)
+
+
+# ---- activation recomputation (Korthikanti et al. 2022; 12.3.1, 12.4.1) ---------------------------
+
+RECOMPUTE_POLICIES = ("none", "selective", "full")
+
+
+def recompute_kept_bytes(policy: str, s: int, b: int, h: int, a: int, t: int = 1, sequence_parallel: bool = False,
+                         attention_scores: bool = True, dropout: bool = True) -> float:
+    """Bytes one layer keeps for backward under a recomputation ``policy`` (per rank):
+
+    * ``"none"``: :func:`activation_bytes_per_layer` (s b h (34 + 5 a s / h) on one device);
+    * ``"selective"``: the attention core (Q K^T, softmax, its dropout, x V) is recomputed, so the
+      5 a s^2 b bytes of scores, mask and dropped probabilities are not kept: 34 s b h (Q, K, V
+      are kept: they are the core's input);
+    * ``"full"``: only the layer's input, :func:`layer_input_bytes` (2 s b h).
+    ``attention_scores=False`` (FlashAttention) makes "selective" keep what "none" keeps.
+    """
+    one_of(policy, "the recomputation policy", RECOMPUTE_POLICIES)
+    if policy == "full":
+        return layer_input_bytes(s, b, h, t, sequence_parallel)
+    scores = attention_scores and policy == "none"
+    return activation_bytes_per_layer(s, b, h, a, t, sequence_parallel, attention_scores=scores, dropout=dropout)
+
+
+def recompute_rematerialised_bytes(policy: str, s: int, b: int, h: int, a: int, t: int = 1,
+                                   sequence_parallel: bool = False, attention_scores: bool = True,
+                                   dropout: bool = True) -> float:
+    """Bytes the backward of one layer rebuilds before it can run (the peak adds them once, for
+    the layer being differentiated): 0 for ``"none"``; the attention core's 5 a s^2 b for
+    ``"selective"`` (0 under FlashAttention, which stores no scores); the layer's whole
+    :func:`activation_bytes_per_layer` for ``"full"``."""
+    one_of(policy, "the recomputation policy", RECOMPUTE_POLICIES)
+    if policy == "none":
+        return 0.0
+    full = activation_bytes_per_layer(s, b, h, a, t, sequence_parallel, attention_scores=attention_scores, dropout=dropout)
+    if policy == "full":
+        return full
+    return full - activation_bytes_per_layer(s, b, h, a, t, sequence_parallel, attention_scores=False, dropout=dropout)
+
+
+def recompute_forward_flops(policy: str, tokens: int, h: int, ffn: int, seq: int, mlp_matrices: int = 2) -> float:
+    """Forward FLOPs one layer repeats in its backward under ``policy``, on ``tokens`` tokens of
+    sequences of length ``seq``: 0 (``"none"``); the attention core's two products,
+    :func:`attention_flops` = 4 x tokens x seq x h (``"selective"``, the whole core re-run, as
+    Megatron does); the whole :func:`layer_forward_flops` (``"full"``). A step without
+    recomputation is 3 forwards (backward = 2 forwards), so "full" adds 1/3."""
+    one_of(policy, "the recomputation policy", RECOMPUTE_POLICIES)
+    if policy == "none":
+        return 0
+    if policy == "selective":
+        return attention_flops(integer_at_least(tokens, "tokens"), integer_at_least(seq, "seq"), integer_at_least(h, "h"))
+    return layer_forward_flops(tokens, h, ffn, seq, mlp_matrices)
+
+
+def recompute_flops_per_token(policy: str, params: float, layers: int = 0, seq: int = 0, width: int = 0) -> float:
+    """Training FLOPs per token added by ``policy`` on top of :func:`training_flops_per_token`:
+    0; L x attention's forward 4 s width (``"selective"``); one forward, 2 N + 4 L s width, a
+    third of the step (``"full"``)."""
+    one_of(policy, "the recomputation policy", RECOMPUTE_POLICIES)
+    if policy == "none":
+        return 0.0
+    if policy == "selective":
+        positive_number(params, "params")
+        return integer_at_least(layers, "layers", 0) * attention_flops(1, seq, width)
+    return training_flops_per_token(params, layers, seq, width) / 3
 
 
 # ---- parameters and FLOPs of a transformer layer -------------------------------------------------

@@ -27,12 +27,12 @@ import math
 from dataclasses import dataclass, replace
 
 from .memory import GB
-from .planner_assess import RECOMPUTE, Assessment, Layout, Rules, activation_bytes, assess, step_time
+from .planner_assess import RECOMPUTE, RECOMPUTE_POLICIES, Assessment, Layout, Rules, activation_bytes, assess, step_time
 from .planner_recipes import book_12_4_1, book_p11, decision_sequence, rule_of_thumb
 from .planner_specs import (DATA, Cluster, Model, book_70b, book_100b, divisors, h100_cluster, hardware, p11_40b,
                             p11_cluster)
 
-__all__ = ["DATA", "RECOMPUTE", "Model", "Cluster", "hardware", "h100_cluster", "divisors", "book_70b", "book_100b",
+__all__ = ["DATA", "RECOMPUTE", "RECOMPUTE_POLICIES", "Model", "Cluster", "hardware", "h100_cluster", "divisors", "book_70b", "book_100b",
            "p11_40b", "p11_cluster", "Layout", "Rules", "Assessment", "activation_bytes", "assess", "step_time",
            "Plan", "enumerate_layouts", "plan", "table", "report", "format_steps", "neighbours", "explain",
            "decision_sequence", "rule_of_thumb", "book_p11", "book_12_4_1"]
@@ -206,7 +206,7 @@ def explain(a: Assessment, model: Model, cluster: Cluster) -> list:
                  f"{t['dp (total)']:.2f} s of which {t['dp exposed']:.2f} s is not hidden behind the backward pass.")
     lines.append(f"Memory per device: {mem['total'] / GB:.1f} of {mem['capacity'] / GB:.0f} GB (weights {mem['weights'] / GB:.1f}, "
                  f"gradients {mem['gradients'] / GB:.1f}, optimizer {mem['optimizer'] / GB:.1f}, activations {mem['activations'] / GB:.1f}, "
-                 f"reserve {mem['reserve'] / GB:.1f}){'; full recomputation' if L.recompute == 'full' else ''}.")
+                 f"reserve {mem['reserve'] / GB:.1f}){'' if L.recompute == 'none' else f'; {L.recompute} recomputation'}.")
     lines.append(f"Step {t['total']:.2f} s = compute {t['compute']:.2f} + TP {t['tp']:.2f} + CP {t['cp']:.2f} + EP {t['ep']:.2f} + bubble "
                  f"{t['bubble']:.2f} + hand-offs {t['pp hand-off']:.3f} + exposed DP {t['dp exposed']:.2f}; model FLOPs utilisation {a.mfu:.1%}.")
     return lines

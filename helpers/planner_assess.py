@@ -16,12 +16,15 @@ its memory per device (:func:`activation_bytes` for the activations) and its ste
 * model state (via :func:`helpers.memory.per_device_bytes`, ZeRO over the DP x CP ranks) plus
   activations (Korthikanti et al.'s per-layer formula, :func:`helpers.costs.activation_bytes_per_layer`,
   times the layers' worth of micro-batches a 1F1B stage keeps; without the two dropout masks
-  when ``dropout=False``) plus a reserve fit in the device.
+  when ``dropout=False``; with recomputation, :func:`helpers.costs.recompute_kept_bytes` per
+  layer plus one layer's :func:`helpers.costs.recompute_rematerialised_bytes`) plus a reserve fit
+  in the device.
 
 **The step-time model** (per device; every device does the same work; seconds):
 
 * compute: (6 N_active + 12 L s d_attn) FLOPs per token (forward + backward, PaLM's accounting;
-  x 4/3 with full recomputation) x tokens / devices / (peak x efficiency);
+  x 4/3 with full recomputation, + 4 L s d_attn with selective recomputation:
+  :func:`helpers.costs.recompute_flops_per_token`) x tokens / devices / (peak x efficiency);
 * tensor parallelism: per layer and micro-batch 4 all-reduces (or reduce-scatter + all-gather
   pairs under SP, same bytes) of s b h x 2 bytes, 6 with full recomputation, on the critical path;
   alpha-beta ring time (:func:`helpers.costs.alpha_beta_time`) at the server's links, or
@@ -52,10 +55,11 @@ from . import costs
 from .memory import GB, per_device_bytes
 from .pipeline_schedule import bubble_formula
 from .planner_specs import Cluster, Model
-from .validate import integer_at_least
+from .validate import integer_at_least, one_of
 from .validate import zero_stage as check_zero_stage
 
-RECOMPUTE = ("none", "full")
+RECOMPUTE = ("none", "full")  # what the planner enumerates by default
+RECOMPUTE_POLICIES = costs.RECOMPUTE_POLICIES  # what a Layout accepts: also "selective" (Korthikanti et al.)
 
 
 # ---- a layout and its assessment -------------------------------------------------------------------
@@ -79,8 +83,7 @@ class Layout:
         for f in ("dp", "tp", "pp", "cp", "ep", "micro_batch", "v"):
             integer_at_least(getattr(self, f), f)
         check_zero_stage(self.zero, "zero")
-        if self.recompute not in RECOMPUTE:
-            raise ValueError(f"recompute must be one of {RECOMPUTE}, got {self.recompute!r}")
+        one_of(self.recompute, "recompute", RECOMPUTE_POLICIES)
         if self.v > 1 and self.pp == 1:
             raise ValueError("interleaving (v > 1) needs pipeline parallelism (pp > 1)")
 
@@ -98,7 +101,7 @@ class Layout:
             parts.append(f"EP{self.ep}")
         parts += [f"ZeRO-{self.zero}", f"mb{self.micro_batch}"]
         if self.recompute != "none":
-            parts.append("recompute")
+            parts.append("recompute" if self.recompute == "full" else "sel-recompute")
         if self.tp > 1 and not self.sequence_parallel:
             parts.append("no-SP")
         return " ".join(parts)
@@ -150,11 +153,9 @@ def activation_bytes(model: Model, layout: Layout, m: int, rules: Rules = Rules(
     s = model.seq_len // layout.cp
     sp = layout.sequence_parallel and layout.tp > 1
     shape = (s, layout.micro_batch, model.hidden)
-    per_layer = costs.activation_bytes_per_layer(*shape, model.heads, t=layout.tp, sequence_parallel=sp,
-                                                 attention_scores=not rules.flash_attention, dropout=rules.dropout)
-    kept = per_layer
-    if layout.recompute == "full":
-        kept = costs.layer_input_bytes(*shape, t=layout.tp, sequence_parallel=sp)  # only each layer's input
+    kw = dict(t=layout.tp, sequence_parallel=sp, attention_scores=not rules.flash_attention, dropout=rules.dropout)
+    per_layer = costs.activation_bytes_per_layer(*shape, model.heads, **kw)
+    kept = costs.recompute_kept_bytes(layout.recompute, *shape, model.heads, **kw)  # full: only each layer's input
     p, v = layout.pp, layout.v
     lps = _layers_per_stage(model, p)
     if p == 1:
@@ -163,7 +164,7 @@ def activation_bytes(model: Model, layout: Layout, m: int, rules: Rules = Rules(
         layer_units = min(m, p) * lps  # 1F1B: stage 0 holds p micro-batches
     else:  # Megatron's interleaved 1F1B warm-up on rank 0, in chunks of L/(p v) layers
         layer_units = min(m * v, 2 * (p - 1) + (v - 1) * p + 1) * lps / v
-    total = kept * layer_units + (per_layer if layout.recompute == "full" else 0.0)
+    total = kept * layer_units + costs.recompute_rematerialised_bytes(layout.recompute, *shape, model.heads, **kw)
     return {"per layer": per_layer, "kept per layer": kept, "layers in flight": layer_units, "total": total}
 
 
@@ -253,9 +254,8 @@ def step_time(model: Model, cluster: Cluster, global_batch: int, layout: Layout,
     L, n, dpn = layout, cluster.n_devices, cluster.devices_per_node
     s = model.seq_len // L.cp
     lps = _layers_per_stage(model, L.pp)
-    flops = model.flops_per_token() * global_batch * model.seq_len / n
-    if L.recompute == "full":
-        flops *= 4 / 3
+    extra = costs.recompute_flops_per_token(L.recompute, model.active_params, model.layers, model.seq_len, model.heads * model.hd)
+    flops = (model.flops_per_token() + extra) * global_batch * model.seq_len / n
     compute = flops / (cluster.peak_flops * cluster.efficiency)
     # tensor parallelism: on the critical path
     tp = 0.0

@@ -30,7 +30,9 @@ from .validate import integer_at_least, probability
 
 # ---- dropout with masks that do not depend on the layout --------------------------------------------
 
-def _generator(seed: int, stream: int, index: int) -> torch.Generator:
+def _generator(seed: int | None, stream: int, index: int) -> torch.Generator | None:
+    if seed is None:  # torch's global RNG, as nn.Dropout draws (what checkpoint's preserve_rng_state restores)
+        return None
     return torch.Generator().manual_seed((int(seed) * 1_000_003 + int(stream) * 100_003 + int(index)) % (2**63))
 
 
@@ -86,7 +88,7 @@ class BlockConfig:
     heads: int = 4
     ffn: int = 128
     p_drop: float = 0.0
-    seed: int = 0  # dropout seed
+    seed: int | None = 0  # dropout seed; None draws the masks from torch's global RNG (one process only)
     eps: float = 1e-5
 
     def __post_init__(self):
@@ -289,9 +291,14 @@ class TorchBlock(nn.Module):
         self.fc1 = _linear(P["w_fc1"], P["b_fc1"])
         self.fc2 = _linear(P["w_fc2"], P["b_fc2"])
 
+    def attention(self, qkv):
+        """The attention core on this rank's heads (Q K^T, softmax, dropout, x V); a subclass may
+        wrap it (selective recomputation, :mod:`helpers.recompute`)."""
+        return attention_core(qkv, self.cfg, self.head_offset)
+
     def forward(self, x):
         cfg = self.cfg
-        ctx = attention_core(to_local(self.qkv(self.ln1(x))), cfg, self.head_offset)
+        ctx = self.attention(to_local(self.qkv(self.ln1(x))))
         h1 = x + _row_dropout(to_local(self.o(ctx)), cfg, STREAM_ATTN_OUT, self.first_position)
         m = to_local(self.fc2(F.gelu(to_local(self.fc1(self.ln2(h1))), approximate="tanh")))
         return h1 + _row_dropout(m, cfg, STREAM_MLP_OUT, self.first_position)

@@ -89,3 +89,11 @@ def durations(values, name: str = "durations") -> list[float]:
     if any(not math.isfinite(x) or x < 0 for x in xs):
         raise ValueError(f"{name} must be finite and >= 0 (no negative durations), got {values!r}")
     return xs
+
+
+def one_of(v, name: str, options) -> str:
+    """``v`` itself; ValueError unless it is one of ``options`` (a policy, a schedule, a mode by name)."""
+    options = tuple(options)
+    if isinstance(v, bool) or not any(v == o and type(v) is type(o) for o in options):
+        raise ValueError(f"{name} must be one of {options}, got {v!r}")
+    return v

@@ -59,3 +59,13 @@ def test_equal_parts_splits_and_names_the_constraint_in_the_callers_words():
 def test_bad_values_name_the_constraint(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_one_of_names_the_choices():
+    assert V.one_of("full", "policy", ("none", "full")) == "full"
+    for bad in ("Full", None, True, 1):
+        with pytest.raises(ValueError, match=r"^policy must be one of \('none', 'full'\), got "):
+            V.one_of(bad, "policy", ("none", "full"))
+    assert V.one_of(2, "n", (1, 2)) == 2
+    with pytest.raises(ValueError):
+        V.one_of(2.0, "n", (1, 2))  # the same value of another type is not the option

@@ -23,3 +23,36 @@ def ex3(answer, s, b, h, a, t):
               what="the measured activation bytes of rank 0 under TP + SP",
               hint="Launch sp.activation_memory_worker with sequence_parallel=True on t ranks and take "
                    "results[0]['activations'] (LayerNorm statistics excluded).")
+
+
+def ex4(block_class):
+    """A TorchBlock subclass that recomputes only the attention core (selective recomputation),
+    checked from what it keeps for backward, what its backward recomputes and its gradients."""
+    require(block_class, "your subclass of tp.TorchBlock (the class itself)")
+    import torch
+
+    from .. import costs, recompute
+    from ..tp_block import BlockConfig, TorchBlock, make_block_params
+    from . import check_true
+
+    if not (isinstance(block_class, type) and issubclass(block_class, TorchBlock)):
+        raise AssertionError(f"expected a subclass of tp.TorchBlock (the class, not an instance), got {block_class!r}")
+    cfg, s, b = BlockConfig(h=32, heads=4, ffn=128, p_drop=0.1), 16, 2
+    got = recompute.measure_block(block_class(make_block_params(cfg, 0, torch.bfloat16), cfg), s, b)
+    ref = recompute.measure(cfg, s, b, "none")
+    kept = {p: costs.recompute_kept_bytes(p, s, b, cfg.h, cfg.heads) for p in recompute.POLICIES}
+    if got["activations"] == kept["none"]:
+        raise AssertionError("not yet: your block keeps the attention scores, so nothing is recomputed. "
+                             "Run the parent's attention inside torch.utils.checkpoint.checkpoint.")
+    if got["activations"] == kept["full"]:
+        raise AssertionError("not yet: your block keeps only its input, which is full recomputation. "
+                             "Checkpoint only the attention core: override attention, not forward.")
+    check_true(got["activations"] == kept["selective"],
+               what="the block keeps Korthikanti et al.'s 34 sbh bytes: everything but the attention core's",
+               hint="Wrap exactly the parent's attention(qkv) call, nothing before or after it.")
+    extra = got["forward_flops"] + got["backward_flops"] - ref["forward_flops"] - ref["backward_flops"]
+    core = costs.recompute_forward_flops("selective", s * b, cfg.h, cfg.ffn, s)
+    check_true(extra in (core // 2, core), what="its backward recomputes the attention core's products and nothing else",
+               hint="Only Q K^T (and x V) should run a second time; the projections must not.")
+    check_true(recompute.max_grad_difference(got, ref) == 0, what="its gradients equal the block's without checkpoint",
+               hint="Keep checkpoint's default preserve_rng_state=True and return the core's output unchanged.")
