@@ -42,7 +42,15 @@ def load(directory: Path | str = ERRATA_DIR) -> list[dict[str, str]]:
 
 
 def for_section(section: str, directory: Path | str = ERRATA_DIR) -> list[dict[str, str]]:
-    """The rows for one section id, e.g. ``"12.1.1"`` or ``"P.7"``."""
+    """The rows for one section id, e.g. ``"12.1.1"`` or ``"P.7"``.
+
+    A section whose claims ledger exists (``data/claims``) takes its errata from the ledger's
+    off rows (:func:`helpers.claims.errata`), shown with the same columns.
+    """
+    from . import claims
+
+    if directory == ERRATA_DIR and any(r["section"] == section for r in claims.load()):
+        return [{**r, "computed_value": r["our_value"]} for r in claims.errata(section)]
     return [r for r in load(directory) if r["section"] == section]
 
 
