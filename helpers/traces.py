@@ -56,3 +56,14 @@ def merge_rank_traces(parts: dict[int, tuple[str, float]], out_path: str, remove
         for path, _ in parts.values():
             os.remove(path)
     return counts
+
+
+def durations(trace_path: str, name: str) -> dict[int, list[float]]:
+    """Seconds each occurrence of the range ``name`` lasted, per rank, in a merged trace."""
+    with open(trace_path) as f:
+        events = json.load(f)["traceEvents"]
+    out: dict[int, list[float]] = {}
+    for e in events:
+        if e.get("ph") == "X" and e.get("name") == name:
+            out.setdefault(e["pid"], []).append(float(e.get("dur", 0.0)) / 1e6)
+    return out

@@ -17,6 +17,7 @@ Inside a job, worker code can ask for:
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import os
@@ -259,13 +260,33 @@ def _profiled(fn, args, kwargs, folder: str, rank: int):
     from torch.profiler import ProfilerActivity, profile, record_function
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if _DEVICE_TYPE == "cuda" else [])
-    with profile(activities=activities) as prof:
+    prof = profile(activities=activities)
+    with _quiet_stderr_fd():  # the profiler announces its start and stop on the process's stderr
+        prof.start()
+    try:
         wall_us = time.time_ns() / 1e3
         with record_function("helpers:job"):
             result = fn(*args, **kwargs)
+    finally:
+        with _quiet_stderr_fd():
+            prof.stop()
     path = os.path.join(folder, f"rank{rank}.json")
     prof.export_chrome_trace(path)
     return result, (path, wall_us)
+
+
+@contextlib.contextmanager
+def _quiet_stderr_fd():
+    """Send what C++ writes to file descriptor 2 to /dev/null for the duration (a notebook shows it)."""
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    os.close(devnull)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def _loopback_interface() -> str | None:
