@@ -17,7 +17,9 @@ and gets, per rank:
 ``ranks 0, 2, 3 waiting in all_reduce #5 (group of 4); rank 1 never entered it (last: span 'compute')``,
 and the ranks to blame: those that never entered the call the others wait in, those that entered
 a different collective at the same position (a mismatch), or, when nobody waits in a collective,
-every stuck rank.
+every stuck rank. A rank waiting on the handle of an asynchronous call (``work.wait()``) is not
+inside a ``torch.distributed`` function: it shows as "not in a torch.distributed call", with
+its last call issued.
 """
 from __future__ import annotations
 

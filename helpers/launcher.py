@@ -362,6 +362,7 @@ class _Pool:
         self.child_ends: list = []
         self.busy: set[int] = set()  # ranks that have not yet reported "idle" after their last job
         self.next_job = 0
+        _sweep_stale_dirs()  # folders of kernels killed since this one started
         self.folder = kernel_dir()
         # the store listens on a socket bound to 127.0.0.1 only (given a port, TCPStore binds every
         # interface); it takes the descriptor over

@@ -9,6 +9,14 @@ Functions defined in a notebook live in ``__main__`` of the kernel, which a chil
 The parent pickles them by value with cloudpickle and this module unpickles them: that is the
 trampoline. Functions from importable modules are pickled by reference as usual.
 
+Beside the job, a small thread per worker (:func:`_listen`) is its lifeline: it ends the process
+as soon as the parent's end of the pipe closes (the kernel died, even if it is an unreaped
+zombie, or the launcher dropped the worker), and it answers the launcher's ``status`` question
+while the main thread is blocked in a collective: the phase, the ``torch.distributed`` call and
+the line the main thread is at, and the communication log's last call and counts
+(:mod:`helpers.hang` turns the answers into a diagnosis). Every socket gloo opens binds the
+loopback interface.
+
 Inside a job, worker code can ask for:
 
 * :func:`device` -- the torch device of this rank (``cuda:<local rank>`` or ``cpu``);
