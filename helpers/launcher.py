@@ -567,7 +567,8 @@ def launch(
             raise
 
 
-def _launch(payload: bytes, plan: RankPlan, timeout: float, record: bool, threads: int, profile, guard) -> Run:
+def _launch(payload: bytes, plan: RankPlan, timeout: float, record: bool, threads: int, profile, guard,
+            attempt: int = 0) -> Run:
     t_begin = time.monotonic()
     if _POOL is not None and not _POOL.wait_idle(range(min(plan.world_size, len(_POOL.procs))), _IDLE_WAIT):
         print(f"(worker processes still busy with the last job after {_IDLE_WAIT:g} s: starting fresh ones)", file=sys.stderr)
@@ -599,6 +600,19 @@ def _launch(payload: bytes, plan: RankPlan, timeout: float, record: bool, thread
         err = RankError(0, errors[0][0], errors[0][1], {r: e[0] for r, e in errors.items() if r != 0})
         err.workers_kept = True
         raise err
+    if errors and not done and attempt == 0 and all(e[2] == "init" for e in errors.values()):
+        # gloo failed to connect the ranks before any of them ran the function (seen on a loaded
+        # machine with fresh workers: "connectFullMesh ... Connection closed by peer"); when every
+        # other rank is still starting its process group, nothing ran: try once more, fresh
+        others = [r for r in range(n) if r not in errors]
+        states = _ask_status(pool, others, job_id, outputs)
+        if all(states.get(r, {}).get("phase") == "starting the process group" for r in others):
+            first = min(errors)
+            print(f"(rank {first} could not connect to its peers ({errors[first][0].splitlines()[0][:120]}); "
+                  "starting fresh workers and running the job again)", file=sys.stderr)
+            with guard.held():
+                _discard_pool()
+            return _launch(payload, plan, timeout, record, threads, profile, guard, attempt=1)
     if errors:
         first = min(errors, key=lambda r: (_is_secondary(errors[r][0]), r))
         others = {r: e[0] for r, e in errors.items() if r != first}
@@ -630,35 +644,24 @@ def _collect(pool: "_Pool", n: int, job_id: int, deadline: float, outputs: dict)
     """Read the ranks' messages for one job until all are done, one fails, or the deadline.
 
     Returns ``done`` (rank -> (pickled result, meta)), ``errors`` (rank -> (summary, traceback,
-    where)) and, when the deadline passed, ``states`` (rank -> where that rank was, for
+    stage)) and, when the deadline passed, ``states`` (rank -> where that rank was, for
     :func:`helpers.hang.diagnose`); printed text is appended to ``outputs`` as it arrives. After
     the first error the peers get one more second to report their own, then collection stops.
     """
     conns = pool.conns[:n]
     done: dict[int, tuple] = {}
     errors: dict[int, tuple] = {}
-    states: dict[int, dict] = {}
     first_error_at = None
-    asked_at = None
     while len(done) + len(errors) < n:
         now = time.monotonic()
         if first_error_at is not None and now > first_error_at + 1.0:
             break
-        if asked_at is None and now >= deadline:
-            asked_at = now  # time is up: ask the stuck ranks where they are, briefly
-            for r in range(n):
-                if r not in done and r not in errors:
-                    try:
-                        conns[r].send(("status", job_id))
-                    except OSError:
-                        pass
-        if asked_at is not None and (now > asked_at + _STATUS_WAIT or
-                                     all(r in states for r in range(n) if r not in done and r not in errors)):
-            break
+        if now >= deadline:  # time is up: ask the stuck ranks where they are, briefly
+            return done, errors, _ask_status(pool, [r for r in range(n) if r not in done and r not in errors],
+                                             job_id, outputs)
         by_conn = {c: r for r, c in enumerate(conns) if r not in done and r not in errors}
-        limit = (asked_at + _STATUS_WAIT if asked_at is not None else deadline) - now
         # short slices: a notebook interrupt is noticed at once, however it is delivered
-        for c in _wait_conns(list(by_conn), timeout=max(0.0, min(limit, 0.2 if errors else 0.5))):
+        for c in _wait_conns(list(by_conn), timeout=max(0.0, min(deadline - now, 0.2 if errors else 0.5))):
             r = by_conn[c]
             try:
                 msg = c.recv()
@@ -680,9 +683,33 @@ def _collect(pool: "_Pool", n: int, job_id: int, deadline: float, outputs: dict)
             elif kind == "error":
                 errors[r] = (msg[2], msg[3], msg[4])
                 first_error_at = first_error_at or time.monotonic()
-            elif kind == "status":
-                states[r] = msg[2]
-    return done, errors, states
+    return done, errors, {}
+
+
+def _ask_status(pool: "_Pool", ranks, job_id: int, outputs: dict) -> dict[int, dict]:
+    """Ask ``ranks`` where they are (their lifeline threads answer); wait at most ``_STATUS_WAIT``."""
+    asked = {}
+    for r in ranks:
+        try:
+            pool.conns[r].send(("status", job_id))
+            asked[pool.conns[r]] = r
+        except OSError:
+            pass
+    states: dict[int, dict] = {}
+    until = time.monotonic() + _STATUS_WAIT
+    while len(states) < len(asked) and time.monotonic() < until:
+        waiting = [c for c, r in asked.items() if r not in states]
+        for c in _wait_conns(waiting, timeout=max(0.0, until - time.monotonic())):
+            try:
+                msg = c.recv()
+            except (EOFError, OSError):
+                states[asked[c]] = {"phase": "died"}
+                continue
+            if msg[1] == job_id and msg[0] == "status":
+                states[asked[c]] = msg[2]
+            elif msg[1] == job_id and msg[0] == "out":
+                outputs[asked[c]].append((msg[2], msg[3]))
+    return states
 
 
 def _is_secondary(summary: str) -> bool:

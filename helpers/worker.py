@@ -232,6 +232,12 @@ def _run_job(send, rank, job_id, payload, opts, store):
             world_size=opts["world_size"],
             timeout=timedelta(seconds=opts["collective_timeout"]),
         )
+        if opts["backend"] == "gloo" and not opts.get("lazy_connect"):
+            # gloo connects the full mesh here, and one side of a pair can be done before the
+            # other: without this barrier a rank with a short job finished and tore its group down
+            # (closing its sockets) while a slower peer was still connecting to it ("connectFullMesh
+            # failed ... Connection closed by peer", 1 launch in 6 of 8 fresh ranks under load)
+            dist.barrier()
         _STATE["phase"] = "running"
         log.t0 = time.perf_counter()
         start = time.perf_counter()
@@ -246,8 +252,9 @@ def _run_job(send, rank, job_id, payload, opts, store):
         send(("done", job_id, data, meta))
     except BaseException as exc:  # the parent decides what to do; this rank reports
         tb = traceback.format_exc()
+        stage = "init" if _STATE["phase"] == "starting the process group" else "run"
         _STATE["phase"] = "failed"
-        send(("error", job_id, f"{type(exc).__name__}: {exc}", tb, "run"))
+        send(("error", job_id, f"{type(exc).__name__}: {exc}", tb, stage))
         return False
     finally:
         sys.stdout, sys.stderr = old_out, old_err

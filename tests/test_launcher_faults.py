@@ -252,6 +252,40 @@ def test_an_argument_that_fails_to_unpickle_is_a_rank_error_and_the_workers_stay
     assert run.results == [2.0, 2.0] and not run.started_pool
 
 
+# ---- a failed connection while the ranks start: retried once, since nothing ran ---------------------
+
+def _rank_one_fails_its_next_connection():
+    """Make this worker's next init_process_group fail as gloo's full-mesh connect does under load."""
+    import torch.distributed as dist
+
+    if dist.get_rank() != 1:
+        return
+    real = dist.init_process_group
+
+    def fail_once(*args, **kwargs):
+        dist.init_process_group = real
+        raise RuntimeError("Gloo connectFullMesh failed with [pair.cc:553] Connection closed by peer [127.0.0.1]:1")
+
+    dist.init_process_group = fail_once
+
+
+def _ranks_that_ran():
+    import torch.distributed as dist
+
+    print("ran")
+    return dist.get_rank()
+
+
+def test_a_connection_failure_before_any_rank_ran_is_retried_once_with_fresh_workers(warm_workers, capfd):
+    warm_workers(3)
+    launch(_rank_one_fails_its_next_connection, world_size=3, quiet=True)
+    pids = launcher.live_worker_pids()
+    run = launch(_ranks_that_ran, world_size=3, quiet=True, timeout=20)
+    assert run.results == [0, 1, 2] and run.outputs == ["ran\n"] * 3  # the function ran once per rank
+    assert run.started_pool and not set(launcher.live_worker_pids()) & set(pids)
+    assert "rank 1 could not connect to its peers (RuntimeError: Gloo connectFullMesh failed" in capfd.readouterr().err
+
+
 # ---- 6, 7, 9: a script interrupted while the pool starts, then killed -9 (left a zombie) -------------
 
 KERNEL = r'''
