@@ -46,10 +46,21 @@ def select(cpu_dry_run: bool, gpus: int | None = None) -> tuple[str, int] | None
     return ("nccl", gpus) if gpus > 0 else None
 
 
+class Skip(Exception):
+    """A demo that does not fit on this many devices."""
+
+
 def largest_fitting(n: int, allowed) -> int | None:
     """The largest world size in ``allowed`` that ``n`` devices hold (None when none fits)."""
     fits = [w for w in allowed if w <= n]
     return max(fits) if fits else None
+
+
+def _fit(n: int, allowed) -> int:
+    w = largest_fitting(n, allowed)
+    if w is None:
+        raise Skip(f"needs {min(allowed)} devices or more, {n} found")
+    return w
 
 
 def single_process(fn, *args, **kwargs):
@@ -76,7 +87,7 @@ def demo_data_parallel(backend: str, n: int):
 
 
 def demo_zero_fsdp(backend: str, n: int):
-    w = largest_fitting(n, (2, 4))  # the MLP's layers divide by 2 and 4; the batch of 16 too
+    w = _fit(n, (2, 4))  # the MLP's layers divide by 2 and 4; the batch of 16 too
     ref = single_process(Z.ddp_reference_worker)["params"]  # plain PyTorch DDP on one process: the full batch
     hand = launch(Z.zero_train_worker, 3, world_size=w, backend=backend, quiet=True).results
     fsdp = launch(Z.fsdp2_worker, world_size=w, backend=backend, quiet=True).results
@@ -85,14 +96,14 @@ def demo_zero_fsdp(backend: str, n: int):
 
 
 def demo_tensor_parallel(backend: str, n: int):
-    w = largest_fitting(n, (2, 4))  # 4 heads
+    w = _fit(n, (2, 4))  # 4 heads
     ref = tp.reference_step(TP_CFG, 8, 2)
     run = launch(tp.tp_block_worker, TP_CFG, 8, 2, world_size=w, backend=backend, quiet=True)
     return w, max(tp.max_differences(run.results, ref).values()), 1e-9
 
 
 def demo_sequence_parallel(backend: str, n: int):
-    w = largest_fitting(n, (2, 4))  # 4 heads, a sequence of 8
+    w = _fit(n, (2, 4))  # 4 heads, a sequence of 8
     ref = tp.reference_step(TP_CFG, 8, 2)
     run = launch(tp.tp_block_worker, TP_CFG, 8, 2, sequence_parallel=True, world_size=w, backend=backend, quiet=True)
     return w, max(tp.max_differences(run.results, ref, sequence_parallel=True).values()), 1e-9
@@ -100,7 +111,7 @@ def demo_sequence_parallel(backend: str, n: int):
 
 def demo_pipeline(backend: str, n: int):
     ref, _ = ppl.reference_grads()
-    w = largest_fitting(n, (2, 4, 8))  # 8 layers
+    w = _fit(n, (2, 4, 8))  # 8 layers
     err = 0.0
     for schedule, m, v in (("1f1b", 8, 1), ("interleaved", 8, 2), ("zb-h1", 8, 1)):
         p = w if v == 1 else largest_fitting(w, (2, 4))  # interleaved: p*v stages divide 8 layers
@@ -110,7 +121,7 @@ def demo_pipeline(backend: str, n: int):
 
 
 def demo_ring_attention(backend: str, n: int):
-    w = largest_fitting(n, (2, 4, 8))  # zigzag: 2w chunks of the 64 positions
+    w = _fit(n, (2, 4, 8))  # zigzag: 2w chunks of the 64 positions
     run = launch(ra.ring_attention_worker, 64, 2, 8, scheme="zigzag", causal=True, world_size=w, backend=backend, quiet=True)
     cmp = ra.compare_results(run.results, 64, 2, 8, causal=True)
     rtol, atol = cmp["tolerance"]
@@ -119,6 +130,8 @@ def demo_ring_attention(backend: str, n: int):
 
 
 def demo_three_d(backend: str, n: int):
+    if n < 2:
+        raise Skip(f"needs 2 devices or more, {n} found")
     layout = (2, 2, 2) if n >= 8 else (1, 2, 2) if n >= 4 else (1, 1, 2)  # dp, pp, tp
     ref = td.reference_training()
     run = launch(td.three_d_worker, *layout, world_size=layout[0] * layout[1] * layout[2], backend=backend, quiet=True)
@@ -147,6 +160,9 @@ def run_demos(backend: str, n: int, names=None) -> list[dict]:
             ranks, err, tol = demo(backend, n)
             rows.append({"name": name, "ok": err <= tol, "ranks": ranks, "err": err, "tol": tol,
                          "seconds": time.perf_counter() - t0, "error": None})
+        except Skip as why:
+            rows.append({"name": name, "ok": True, "ranks": None, "err": None, "tol": None,
+                         "seconds": time.perf_counter() - t0, "error": None, "skipped": str(why)})
         except Exception as exc:  # a failing demo is a line of the report, not the end of it
             first = str(exc).splitlines()[0] if str(exc) else ""
             rows.append({"name": name, "ok": False, "ranks": None, "err": None, "tol": None,
@@ -155,6 +171,8 @@ def run_demos(backend: str, n: int, names=None) -> list[dict]:
 
 
 def format_row(row: dict) -> str:
+    if row.get("skipped"):
+        return f"SKIP  {row['name']:36s}  {row['skipped']}"
     verdict = "PASS" if row["ok"] else "FAIL"
     if row["error"] is not None:
         return f"{verdict}  {row['name']:36s}  {row['error']}  ({row['seconds']:.1f} s)"

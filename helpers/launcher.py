@@ -271,7 +271,6 @@ def kernel_dir() -> str:
     if _KERNEL_DIR is None or not os.path.isdir(_KERNEL_DIR):
         from multiprocessing import util
 
-        _sweep_stale_dirs()
         path = os.path.join(tempfile.gettempdir(), f"{_DIR_PREFIX}{os.getpid()}-{_start_ticks(os.getpid()) or 0}")
         os.makedirs(path, mode=0o700, exist_ok=True)
         if _KERNEL_DIR is None:  # removed after multiprocessing's own exit work, as it removes pymp-*

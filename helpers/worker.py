@@ -193,9 +193,11 @@ def _listen(conn, jobs, send, parent_pid: int):
         except (EOFError, OSError):
             os._exit(3)
         if msg[0] == "status":
-            try:
+            try:  # never let a diagnosis end the lifeline
                 send(("status", msg[1], _status()))
-            except Exception as exc:  # never let a diagnosis kill the lifeline
+            except OSError:
+                os._exit(3)
+            except Exception as exc:
                 send(("status", msg[1], {"phase": _STATE["phase"], "error": repr(exc)}))
         else:
             jobs.put(msg)

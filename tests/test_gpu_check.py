@@ -64,6 +64,12 @@ def test_a_failing_demo_is_a_fail_line_not_a_crash(gpu_check, monkeypatch):
     assert "max_err=1.0e-03 (tol 1e-09)" in gpu_check.format_row(rows[1])
 
 
+def test_on_one_gpu_the_demos_that_need_two_are_skipped_not_failed(gpu_check):
+    rows = gpu_check.run_demos("nccl", 1, names=["ZeRO-3 by hand and FSDP2", "3D (DP x PP x TP)"])
+    assert all(r["ok"] and r["skipped"] == "needs 2 devices or more, 1 found" for r in rows), rows
+    assert gpu_check.format_row(rows[0]).startswith("SKIP  ZeRO-3")
+
+
 def test_the_bandwidth_table_recovers_a_known_alpha_beta_model(gpu_check, monkeypatch):
     n, alpha, beta = 4, 20e-6, 50e9
     sizes = [2 ** k for k in range(16, 27, 2)]
