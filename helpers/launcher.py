@@ -447,15 +447,21 @@ class _Pool:
                 c.close()
             except Exception:
                 pass
+        from .worker import process_ended
+
         started = [p for p in self.procs if p.pid is not None]
         for p in started:
             try:
                 p.kill()
             except Exception:  # already gone
                 pass
+        # dead as soon as the kernel has ended them (a zombie): not waiting for the forkserver to
+        # reap each one and report it, which on a loaded machine takes its turn on a core too
         deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline and not all(process_ended(p.pid) for p in started):
+            time.sleep(0.002)
         for p in started:
-            p.join(timeout=max(0.0, deadline - time.monotonic()))
+            p.join(timeout=0 if process_ended(p.pid) else max(0.0, deadline - time.monotonic()))
         self.procs, self.conns, self.child_ends, self.store = [], [], [], None
 
 

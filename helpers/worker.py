@@ -89,16 +89,17 @@ class _Forward(io.TextIOBase):
         return len(text)
 
 
-def _parent_gone(parent_pid: int) -> bool:
-    """True when the kernel that owns this worker has ended, also while it is an unreaped zombie."""
+def process_ended(pid: int) -> bool:
+    """True when process ``pid`` has ended, also while it is an unreaped zombie (Linux's /proc;
+    elsewhere only a reaped process counts as ended)."""
     try:
-        with open(f"/proc/{parent_pid}/stat", "rb") as f:
+        with open(f"/proc/{pid}/stat", "rb") as f:
             return f.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
     except FileNotFoundError:
         return True
-    except OSError:  # no /proc (not Linux): signal 0 at least sees a reaped parent
+    except OSError:  # no /proc (not Linux): signal 0 at least sees a reaped process
         try:
-            os.kill(parent_pid, 0)
+            os.kill(pid, 0)
         except OSError:
             return True
         return False
@@ -186,7 +187,7 @@ def _listen(conn, jobs, send, parent_pid: int):
     while True:
         try:
             if not conn.poll(1.0):
-                if _parent_gone(parent_pid):
+                if process_ended(parent_pid):
                     os._exit(3)
                 continue
             msg = conn.recv()
