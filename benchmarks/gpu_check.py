@@ -138,7 +138,28 @@ def demo_three_d(backend: str, n: int):
     return layout[0] * layout[1] * layout[2], td.max_param_diff(run.results, ref, tp=layout[2]), 1e-9
 
 
+def cpu_and_device_tensors_worker():
+    """An all-reduce of a CPU tensor and of one on this rank's device (gloo beside NCCL on GPUs)."""
+    import torch
+    import torch.distributed as dist
+
+    from helpers.worker import device
+
+    r = dist.get_rank()
+    on_cpu, on_device = torch.full((4,), float(r + 1)), torch.full((4,), float(r + 1), device=device())
+    dist.all_reduce(on_cpu)
+    dist.all_reduce(on_device)
+    return on_cpu, on_device
+
+
+def demo_cpu_tensors(backend: str, n: int):
+    run = launch(cpu_and_device_tensors_worker, world_size=n, backend=backend, quiet=True)
+    want = float(n * (n + 1) // 2)
+    return n, max(float((t - want).abs().max()) for res in run.results for t in res), 0.0
+
+
 DEMOS = {
+    "CPU and device tensors in one group": demo_cpu_tensors,
     "data parallel (DDP)": demo_data_parallel,
     "ZeRO-3 by hand and FSDP2": demo_zero_fsdp,
     "tensor parallel (Megatron block)": demo_tensor_parallel,

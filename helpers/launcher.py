@@ -8,9 +8,9 @@ Serves every notebook that runs ``torch.distributed`` (P.5 onwards; first used i
 
 What it guarantees (the README gives the measured figures):
 
-* **Backend from the hardware**: NCCL with one rank per GPU where GPUs are found, gloo on CPU
-  processes otherwise (4 ranks by default). Asking for more ranks than GPUs runs CPU ranks and
-  says so. One line says what ran.
+* **Backend from the hardware**: NCCL with one rank per GPU where GPUs are found (and gloo in the
+  same group for CPU tensors), gloo on CPU processes otherwise (4 ranks by default). Asking for
+  more ranks than GPUs runs CPU ranks and says so. One line says what ran.
 * **Notebook functions work**: ``fn`` is pickled by value (cloudpickle), so a function defined in
   a notebook cell can be edited and re-run. A function or argument that fails to unpickle on the
   ranks raises :class:`RankError` with the real exception, and the workers stay.
@@ -117,7 +117,7 @@ class RankPlan:
     note: str = ""
 
     def describe(self) -> str:
-        per_rank = "one GPU per rank (cuda:<rank>)" if self.device_type == "cuda" else "CPU processes"
+        per_rank = "one GPU per rank (cuda:<rank>), CPU tensors through gloo" if self.device_type == "cuda" else "CPU processes"
         line = f"backend={self.backend} device={self.device_type} world_size={self.world_size} ({per_rank})"
         return line + (f"; {self.note}" if self.note else "")
 

@@ -204,6 +204,13 @@ def _listen(conn, jobs, send, parent_pid: int):
             jobs.put(msg)
 
 
+def process_group_backend(backend: str) -> str:
+    """What ``init_process_group`` gets: on GPUs NCCL for CUDA tensors and gloo beside it for CPU
+    tensors, so that a demo written with CPU tensors runs there too instead of failing with "No
+    backend type associated with device type cpu"; on CPU, gloo."""
+    return "cpu:gloo,cuda:nccl" if backend == "nccl" else backend
+
+
 def _run_job(send, rank, job_id, payload, opts, store):
     """Run one job; True when this process may serve the next one."""
     import cloudpickle
@@ -229,7 +236,7 @@ def _run_job(send, rank, job_id, payload, opts, store):
     try:
         _STATE["phase"] = "starting the process group"
         dist.init_process_group(
-            opts["backend"],
+            process_group_backend(opts["backend"]),
             store=dist.PrefixStore(f"job{job_id}/", store),
             rank=rank,
             world_size=opts["world_size"],
