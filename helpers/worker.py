@@ -235,19 +235,22 @@ def _run_job(send, rank, job_id, payload, opts, store):
     os.environ["TORCH_GLOO_LAZY_INIT"] = "1" if opts.get("lazy_connect") else "0"
     try:
         _STATE["phase"] = "starting the process group"
+        job_store = dist.PrefixStore(f"job{job_id}/", store)
         dist.init_process_group(
             process_group_backend(opts["backend"]),
-            store=dist.PrefixStore(f"job{job_id}/", store),
+            store=job_store,
             rank=rank,
             world_size=opts["world_size"],
             timeout=timedelta(seconds=opts["collective_timeout"]),
         )
-        if opts["backend"] == "gloo" and not opts.get("lazy_connect"):
-            # gloo connects the full mesh here, and one side of a pair can be done before the
-            # other: without this barrier a rank with a short job finished and tore its group down
-            # (closing its sockets) while a slower peer was still connecting to it ("connectFullMesh
-            # failed ... Connection closed by peer", 1 launch in 6 of 8 fresh ranks under load)
-            dist.barrier()
+        # Every rank has its process group before any runs the function. gloo connects the full
+        # mesh in init_process_group, and one side of a pair can be done before the other: without
+        # this a rank with a short job finished and tore its group down (closing its sockets) while
+        # a slower peer was still connecting to it ("connectFullMesh failed ... Connection closed
+        # by peer", 1 launch in 6 of 8 fresh ranks under load). Through the store, not a
+        # collective: the same on gloo and NCCL, and nothing in the communication log.
+        job_store.set(f"started/{rank}", "1")
+        job_store.wait([f"started/{r}" for r in range(opts["world_size"])])
         _STATE["phase"] = "running"
         log.t0 = time.perf_counter()
         start = time.perf_counter()
@@ -351,13 +354,16 @@ def main(conn, rank: int, device_type: str, parent_pid: int, store_port: int, th
         torch.set_num_threads(threads)  # several ranks share the CPU cores
     store = dist.TCPStore("127.0.0.1", store_port, is_master=False, timeout=timedelta(seconds=60))
     _STATE["phase"] = "idle"
-    send(("ready", os.getpid()))
-    while True:
-        msg = jobs.get()
-        _, job_id, payload, opts = msg
-        if not _run_job(send, rank, job_id, payload, opts, store):
-            # a failed job can leave a collective half-done: this process is not reused
-            _STATE["phase"] = "failed"
-            return
-        _STATE.update(phase="idle", job=None)
-        send(("idle", job_id))  # torn down and listening: the parent may send the next job
+    try:
+        send(("ready", os.getpid()))
+        while True:
+            msg = jobs.get()
+            _, job_id, payload, opts = msg
+            if not _run_job(send, rank, job_id, payload, opts, store):
+                # a failed job can leave a collective half-done: this process is not reused
+                _STATE["phase"] = "failed"
+                return
+            _STATE.update(phase="idle", job=None)
+            send(("idle", job_id))  # torn down and listening: the parent may send the next job
+    except OSError:  # the parent closed the pipe while we wrote to it: it is ending this worker
+        os._exit(3)
