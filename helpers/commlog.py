@@ -67,6 +67,9 @@ class CommOp:
     bytes: int
     group_size: int
     t: float  # seconds since the job started on this rank, when the call was issued
+    seq: int = 0  # the call's number on its group, from 1 (collectives; send/recv count per peer)
+    group: str = ""  # the process group's name ("0" is the default group)
+    peer: int | None = None  # send/recv: the global rank at the other end
 
     @property
     def model_sent(self) -> float:
@@ -97,16 +100,17 @@ def _tensor_bytes(obj) -> int:
     return 0
 
 
-def _group_size(args) -> int:
+def _find_group(args):
+    """The process group a c10d call concerns, or the number of ranks where only a list is given."""
     import torch
     import torch.distributed as dist
 
     for a in args:
         if isinstance(a, dist.ProcessGroup):
-            return a.size()
+            return a
         if isinstance(a, torch.ScriptObject):  # c10d dispatcher ops receive the group boxed
             try:
-                return dist.ProcessGroup.unbox(a).size()
+                return dist.ProcessGroup.unbox(a)
             except Exception:  # pragma: no cover - not a process group
                 pass
         if isinstance(a, (list, tuple)) and a and all(isinstance(r, int) for r in a):
@@ -116,9 +120,20 @@ def _group_size(args) -> int:
             try:
                 from torch.distributed.distributed_c10d import _resolve_process_group
 
-                return _resolve_process_group(a).size()
+                return _resolve_process_group(a)
             except Exception:  # pragma: no cover - depends on torch internals
                 pass
+    return None
+
+
+def _group_size(args) -> int:
+    import torch.distributed as dist
+
+    g = _find_group(args)
+    if isinstance(g, int):
+        return g
+    if g is not None:
+        return g.size()
     return dist.get_world_size() if dist.is_initialized() else 1
 
 
@@ -138,26 +153,66 @@ def _make_mode_class():
             if table is not None and name in table:
                 op, idx = table[name]
                 nbytes = 0 if idx is None else _tensor_bytes(args[idx])
-                self.log.ops.append(
-                    CommOp(op, nbytes, _group_size(list(args) + list(kwargs.values())), self.log.now())
-                )
+                self.log.record(op, nbytes, list(args) + list(kwargs.values()), name)
             return func(*args, **kwargs)
 
     return _Recorder
 
 
 class CommLog:
-    """Records the communication and the spans of one job on one rank."""
+    """Records the communication and the spans of one job on one rank.
 
-    def __init__(self, record_comm: bool = True):
+    Besides the list of calls, it keeps what a hang diagnosis needs (:meth:`status`): how many
+    calls this rank issued on each group (collectives) and to or from each peer (send/recv), the
+    members of each group it used, and the spans open right now.
+    """
+
+    def __init__(self, record_comm: bool = True, profiling: bool = False):
         self.ops: list[CommOp] = []
         self.spans: list[Span] = []
         self.t0 = time.perf_counter()
         self.record_comm = record_comm
+        self.profiling = profiling  # spans also become torch.profiler ranges
+        self.counts: dict[tuple, int] = {}  # (group, ) or (group, "send"/"recv", peer) -> calls issued
+        self.groups: dict[str, tuple[int, ...]] = {}  # group name -> its global ranks
+        self.open_spans: list[str] = []
         self._mode = None
 
     def now(self) -> float:
         return time.perf_counter() - self.t0
+
+    def record(self, op: str, nbytes: int, args, c10d_name: str = ""):
+        """Append one call: its payload, its group and its number on that group (or peer)."""
+        g = _find_group(args)
+        if isinstance(g, int) or g is None:
+            size, gname = (g if isinstance(g, int) else _group_size(())), ""
+        else:
+            size, gname = g.size(), g.group_name
+            if gname not in self.groups:
+                import torch.distributed as dist
+
+                self.groups[gname] = tuple(dist.get_process_group_ranks(g))
+        peer = None
+        if op in ("send", "recv"):
+            local = args[2] if c10d_name in ("send", "recv_") and len(args) > 2 and isinstance(args[2], int) else None
+            ranks = self.groups.get(gname)
+            peer = ranks[local] if local is not None and ranks and 0 <= local < len(ranks) else local
+            key = (gname, op, peer)
+        else:
+            key = (gname,)
+        seq = self.counts[key] = self.counts.get(key, 0) + 1
+        self.ops.append(CommOp(op, nbytes, size, self.now(), seq, gname, peer))
+
+    def status(self) -> dict:
+        """What this rank last did, for a hang diagnosis (read from another thread)."""
+        last = self.ops[-1] if self.ops else None
+        return {
+            "last_op": last,
+            "counts": dict(self.counts),
+            "groups": dict(self.groups),
+            "span": self.open_spans[-1] if self.open_spans else None,
+            "last_span": self.spans[-1].name if self.spans else None,
+        }
 
     def __enter__(self):
         global _ACTIVE
@@ -214,15 +269,28 @@ def span(name: str):
     """Time a named stretch of work on this rank: ``with span("compute"): ...``.
 
     Inside a job started by :func:`helpers.launcher.launch` the span comes back with the results
-    and can be drawn as a per-rank timeline; outside one (e.g. under torchrun) it is a no-op.
+    and can be drawn as a per-rank timeline (and, with ``launch(..., profile=True)``, it is a
+    range in the profiler trace); outside one (e.g. under torchrun) it is a no-op.
     """
     log = _ACTIVE
-    start = log.now() if log else 0.0
+    if log is None:
+        yield
+        return
+    start = log.now()
+    log.open_spans.append(name)
+    scope = None
+    if log.profiling:
+        import torch
+
+        scope = torch.profiler.record_function(name)
+        scope.__enter__()
     try:
         yield
     finally:
-        if log is not None:
-            log.spans.append(Span(name, start, log.now()))
+        if scope is not None:
+            scope.__exit__(None, None, None)
+        log.open_spans.pop()
+        log.spans.append(Span(name, start, log.now()))
 
 
 def summarize(ops: list[CommOp]) -> dict[str, dict[str, float]]:

@@ -140,13 +140,15 @@ def ddp_train_worker(steps: int = 5, batch: int = 32, lr: float = 0.1, seed: int
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    from .worker import device
+
     rank, world = dist.get_rank(), dist.get_world_size()
     sizes = shard_sizes_for(batch, world, sizes)
     lo = sum(sizes[:rank])
     mine = slice(lo, lo + sizes[rank])
-    model = DDP(make_model(seed))
+    model = DDP(make_model(seed).to(device()))  # NCCL reduces CUDA tensors only
     opt = torch.optim.SGD(model.parameters(), lr=lr)
-    X, y = make_batches(steps, batch)
+    X, y = (t.to(device()) for t in make_batches(steps, batch))
     scale = world * sizes[rank] / batch if weighted else 1.0
     for k in range(steps):
         opt.zero_grad()
