@@ -33,26 +33,25 @@ What it guarantees (the README gives the measured figures):
   exits; a folder whose kernel was killed is removed by the next launch on the machine.
 * **Traces**: ``launch(..., profile=True)`` records ``torch.profiler`` on every rank and merges
   the ranks into one Chrome/Perfetto trace, ``run.trace_path`` (:mod:`helpers.traces`).
+
+Where it lives: this module is the public face (the plan, the errors, :func:`launch`);
+:mod:`helpers.pool` keeps the kernel's worker processes (start, reuse, interrupts, teardown, the
+private folder); :mod:`helpers.collect` reads a job back from the ranks; :mod:`helpers.worker` is
+the rank side; :mod:`helpers.hang` diagnoses a timeout; :mod:`helpers.traces` merges traces.
 """
 from __future__ import annotations
 
-import atexit
-import multiprocessing as mp
 import numbers
 import os
 import pickle
-import shutil
-import signal
-import socket
 import sys
-import tempfile
-import threading
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from multiprocessing.connection import wait as _wait_conns
 
+from . import pool as kernel_pool
+from .collect import ask_status, collect, print_outputs
 from .commlog import CommOp, Span, summarize
+from .pool import Interrupts, kernel_dir, live_worker_pids, shutdown  # the last three: public here too
 from .validate import integer_at_least, positive_number
 
 BACKENDS = ("gloo", "nccl")
@@ -61,10 +60,7 @@ MAX_CPU_RANKS = 16  # each CPU rank is a process holding its own torch (~300 MB)
 DEFAULT_TIMEOUT = 30.0  # seconds for up to 4 ranks; these demos take well under that
 MAX_TIMEOUT = 7 * 86400.0  # a week: beyond it a timeout is a typo (and inf overflows the collectives)
 _GRACE = 1.0  # LaunchTimeout comes at most this long after ``timeout``: asking the ranks, ending them
-_STATUS_WAIT = 0.5  # seconds the diagnosis waits for the stuck ranks to say where they are
 _COLLECTIVE_MARGIN = 5.0  # collectives time out this much later than the job: the launcher speaks first
-_IDLE_WAIT = 10.0  # seconds a launch waits for the workers to finish tearing down the last job
-_DIR_PREFIX = "helpers-launcher-"
 
 
 class RankError(RuntimeError):
@@ -217,292 +213,6 @@ class Run:
         return sum(1 for o in self.comm[rank] if o.op == op)
 
 
-# ---- the kernel's private folder ------------------------------------------------------------------
-
-_KERNEL_DIR: str | None = None
-
-
-def _start_ticks(pid: int) -> str | None:
-    """When process ``pid`` started (clock ticks since boot; Linux), None when it is gone or a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-    except FileNotFoundError:
-        return None
-    except OSError:  # no /proc: a live pid is all we can tell
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return None
-        except OSError:
-            pass
-        return "0"
-    return None if fields[0] in (b"Z", b"X") else fields[19].decode()
-
-
-def _sweep_stale_dirs():
-    """Remove launcher folders of this user whose kernel is gone (killed before it could clean up)."""
-    tmp = tempfile.gettempdir()
-    try:
-        names = os.listdir(tmp)
-    except OSError:
-        return
-    for name in names:
-        if not name.startswith(_DIR_PREFIX):
-            continue
-        pid, _, start = name[len(_DIR_PREFIX):].partition("-")
-        path = os.path.join(tmp, name)
-        try:
-            if not pid.isdigit() or os.stat(path).st_uid != os.getuid():
-                continue
-        except OSError:
-            continue
-        if _start_ticks(int(pid)) not in (start, "0"):
-            shutil.rmtree(path, ignore_errors=True)
-
-
-def kernel_dir() -> str:
-    """This kernel's private launcher folder (created on first use, removed at exit).
-
-    It holds multiprocessing's files too (the forkserver's socket): the folder multiprocessing
-    would otherwise create, ``pymp-*``, is left behind when a kernel is killed.
-    """
-    global _KERNEL_DIR
-    if _KERNEL_DIR is None or not os.path.isdir(_KERNEL_DIR):
-        from multiprocessing import util
-
-        path = os.path.join(tempfile.gettempdir(), f"{_DIR_PREFIX}{os.getpid()}-{_start_ticks(os.getpid()) or 0}")
-        os.makedirs(path, mode=0o700, exist_ok=True)
-        if _KERNEL_DIR is None:  # removed after multiprocessing's own exit work, as it removes pymp-*
-            util.Finalize(None, shutil.rmtree, args=(path, True), exitpriority=-100)
-        _KERNEL_DIR = path
-        config = mp.process.current_process()._config
-        if config.get("tempdir") is None:
-            config["tempdir"] = path
-    return _KERNEL_DIR
-
-
-# ---- interrupts ----------------------------------------------------------------------------------
-
-class _Interrupts:
-    """SIGINT during a launch: the first one raises KeyboardInterrupt at once, as usual; any later
-    one, and any that comes while workers are being ended, is held until they are all gone, so a
-    reader pressing stop twice cannot interrupt the clean-up. Main thread only (where signals go)."""
-
-    def __init__(self):
-        self.prev, self.raised, self.holding, self.pending = None, False, 0, False
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            prev = signal.getsignal(signal.SIGINT)
-            if callable(prev):
-                self.prev = prev
-                signal.signal(signal.SIGINT, self._handler)
-        return self
-
-    def _handler(self, signum, frame):
-        if self.raised or self.holding:
-            self.pending = True
-            return
-        try:
-            self.prev(signum, frame)
-        except BaseException:
-            self.raised = True
-            raise
-
-    @contextmanager
-    def held(self):
-        self.holding += 1
-        try:
-            yield
-        finally:
-            self.holding -= 1
-
-    def __exit__(self, exc_type, *rest):
-        if self.prev is not None:
-            signal.signal(signal.SIGINT, self.prev)
-            if self.pending and exc_type is None and not self.raised:
-                self.prev(signal.SIGINT, None)  # an interrupt held back: deliver it now
-        return False
-
-
-def _start_forkserver():
-    """Start multiprocessing's forkserver ignoring SIGINT from its first instruction.
-
-    A notebook interrupt goes to the kernel's whole process group; a forkserver still importing
-    torch would die of it mid-import and take the next launch down with it (EOFError). An ignored
-    signal stays ignored across exec (a blocked mask does not survive Python's start-up), so SIGINT
-    is ignored here for the few milliseconds of the spawn: an interrupt in that window is lost,
-    never half-handled. Off the main thread signals cannot be touched, and none arrive there.
-    """
-    from multiprocessing import forkserver
-
-    if threading.current_thread() is not threading.main_thread():
-        forkserver.ensure_running()
-        return
-    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        forkserver.ensure_running()
-    finally:
-        signal.signal(signal.SIGINT, old)
-
-
-# ---- the worker pool -----------------------------------------------------------------------------
-
-class _Pool:
-    """The kernel's worker processes, kept between launches."""
-
-    def __init__(self, device_type: str, threads: int):
-        import torch.distributed as dist
-
-        self.device_type, self.threads = device_type, threads
-        self.procs: list = []
-        self.conns: list = []
-        self.child_ends: list = []
-        self.busy: set[int] = set()  # ranks that have not yet reported "idle" after their last job
-        self.next_job = 0
-        _sweep_stale_dirs()  # folders of kernels killed since this one started
-        self.folder = kernel_dir()
-        # the store listens on a socket bound to 127.0.0.1 only (given a port, TCPStore binds every
-        # interface); it takes the descriptor over
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            sock.bind(("127.0.0.1", 0))
-            sock.listen(128)
-            self.store = dist.TCPStore("127.0.0.1", sock.getsockname()[1], is_master=True, wait_for_workers=False,
-                                       master_listen_fd=sock.fileno())
-        except BaseException:
-            sock.close()
-            raise
-        sock.detach()
-        ctx = mp.get_context("forkserver")
-        # torch._dynamo too: the communication recorder is a TorchDispatchMode, and the first op
-        # under a mode imports torch._dynamo (torch._compile._disable_dynamo), 3-4 s of CPU. Paid
-        # once here, not by every rank of every fresh pool (measured: a 1 s monitored barrier
-        # took 4.5 s to fail on fresh workers, over 10 s on a loaded two-core machine).
-        ctx.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "cloudpickle", "helpers.worker"])
-        _start_forkserver()
-        self.ctx = ctx
-
-    def grow(self, n: int, deadline: float):
-        from . import worker
-
-        new = []
-        for rank in range(len(self.procs), n):
-            parent, child = self.ctx.Pipe(duplex=True)
-            # registered before start: whatever interrupts us, teardown closes the parent's end,
-            # and a worker whose pipe closes ends itself
-            self.conns.append(parent)
-            self.child_ends.append(child)
-            p = self.ctx.Process(
-                target=worker.main,
-                args=(child, rank, self.device_type, os.getpid(), self.store.port, self.threads),
-                daemon=True,
-                name=f"helpers-rank-{rank}",
-            )
-            self.procs.append(p)
-            p.start()
-            child.close()
-            new.append(rank)
-        for rank in new:
-            conn = self.conns[rank]
-            left = deadline - time.monotonic()
-            if left <= 0 or not conn.poll(left):
-                raise TimeoutError(f"worker process for rank {rank} did not start in time")
-            try:
-                msg = conn.recv()
-            except (EOFError, OSError):
-                self.procs[rank].join(timeout=2)
-                raise RuntimeError(
-                    f"worker process for rank {rank} exited during start-up (exit code {self.procs[rank].exitcode}); "
-                    "in a script, call launch() only under `if __name__ == '__main__':`"
-                ) from None
-            if msg[0] != "ready":  # pragma: no cover - protocol error
-                raise RuntimeError(f"worker process for rank {rank} sent {msg[0]!r} instead of 'ready'")
-
-    def wait_idle(self, ranks, limit: float) -> bool:
-        """Wait up to ``limit`` s for the given ranks to finish tearing down their last job."""
-        deadline = time.monotonic() + limit
-        while self.busy & set(ranks):
-            waiting = {self.conns[r]: r for r in self.busy & set(ranks)}
-            ready = _wait_conns(list(waiting), timeout=max(0.0, deadline - time.monotonic()))
-            if not ready:
-                return False
-            for c in ready:
-                try:
-                    msg = c.recv()
-                except (EOFError, OSError):
-                    return False
-                if msg[0] == "idle":
-                    self.busy.discard(waiting[c])  # anything else is a late message: dropped
-        return True
-
-    def alive(self) -> bool:
-        return all(p.is_alive() for p in self.procs)
-
-    def kill(self):
-        """End every worker now: close their pipes (they exit on EOF), SIGKILL them, reap them."""
-        for c in self.conns + self.child_ends:
-            try:
-                c.close()
-            except Exception:
-                pass
-        from .worker import process_ended
-
-        started = [p for p in self.procs if p.pid is not None]
-        for p in started:
-            try:
-                p.kill()
-            except Exception:  # already gone
-                pass
-        # dead as soon as the kernel has ended them (a zombie): not waiting for the forkserver to
-        # reap each one and report it, which on a loaded machine takes its turn on a core too
-        deadline = time.monotonic() + 5.0
-        while time.monotonic() < deadline and not all(process_ended(p.pid) for p in started):
-            time.sleep(0.002)
-        for p in started:
-            p.join(timeout=0 if process_ended(p.pid) else max(0.0, deadline - time.monotonic()))
-        self.procs, self.conns, self.child_ends, self.store = [], [], [], None
-
-
-_POOL: _Pool | None = None
-
-
-def _discard_pool():
-    global _POOL
-    if _POOL is not None:
-        _POOL.kill()
-        _POOL = None
-
-
-def shutdown():
-    """End the kernel's worker processes (the next launch starts new ones). Interrupt-safe."""
-    with _Interrupts() as guard, guard.held():
-        _discard_pool()
-
-
-atexit.register(shutdown)
-
-
-def live_worker_pids() -> list[int]:
-    """PIDs of this kernel's worker processes that are still alive (for tests and curiosity)."""
-    return [p.pid for p in (_POOL.procs if _POOL else []) if p.is_alive()]
-
-
-def _get_pool(plan: RankPlan, threads: int, deadline: float, guard: _Interrupts) -> tuple[_Pool, bool]:
-    global _POOL
-    started = False
-    if _POOL is not None and (_POOL.device_type != plan.device_type or _POOL.threads != threads or not _POOL.alive()):
-        with guard.held():
-            _discard_pool()
-    if _POOL is None:
-        _POOL = _Pool(plan.device_type, threads)
-        started = True
-    if len(_POOL.procs) < plan.world_size:
-        started = True
-        _POOL.grow(plan.world_size, deadline)
-    return _POOL, started
-
 
 def job_plan(world_size: int | None = None, backend: str | None = None, timeout: float | None = None,
              gpus: int | None = None) -> tuple[RankPlan, float]:
@@ -562,25 +272,21 @@ def launch(
     plan, timeout = job_plan(world_size, backend, timeout)
     if not quiet:
         print(plan.describe())
-    with _Interrupts() as guard:
+    with Interrupts() as guard:
         try:
             return _launch(cloudpickle.dumps((fn, args, kwargs)), plan, timeout, record, threads, profile, guard)
         except BaseException as exc:
             if not getattr(exc, "workers_kept", False):
                 with guard.held():  # any failure, an interrupt too: leave nothing running
-                    _discard_pool()
+                    kernel_pool.discard_pool()
             raise
 
 
 def _launch(payload: bytes, plan: RankPlan, timeout: float, record: bool, threads: int, profile, guard,
             attempt: int = 0) -> Run:
     t_begin = time.monotonic()
-    if _POOL is not None and not _POOL.wait_idle(range(min(plan.world_size, len(_POOL.procs))), _IDLE_WAIT):
-        print(f"(worker processes still busy with the last job after {_IDLE_WAIT:g} s: starting fresh ones)", file=sys.stderr)
-        with guard.held():
-            _discard_pool()
     # starting processes gets its own allowance: the first launch imports torch in each worker
-    pool, started = _get_pool(plan, threads, t_begin + 120.0, guard)
+    pool, started = kernel_pool.get_pool(plan.device_type, plan.world_size, threads, t_begin + 120.0, guard)
     job_id = pool.next_job
     pool.next_job += 1
     trace_dir = None
@@ -596,9 +302,9 @@ def _launch(payload: bytes, plan: RankPlan, timeout: float, record: bool, thread
     pool.busy.update(range(n))
     outputs = {r: [] for r in range(n)}
     try:
-        done, errors, states = _collect(pool, n, job_id, time.monotonic() + timeout, outputs)
+        done, errors, states = collect(pool, n, job_id, time.monotonic() + timeout, outputs)
     finally:
-        _print_outputs(outputs)
+        print_outputs(outputs)
     texts = {r: "".join(t for s, t in outputs[r] if s == "stdout") for r in outputs}
     if errors and len(errors) == n and all(e[2] == "unpickle" for e in errors.values()):
         # nothing started on any rank: the workers are idle again and stay
@@ -610,13 +316,13 @@ def _launch(payload: bytes, plan: RankPlan, timeout: float, record: bool, thread
         # machine with fresh workers: "connectFullMesh ... Connection closed by peer"); when every
         # other rank is still starting its process group, nothing ran: try once more, fresh
         others = [r for r in range(n) if r not in errors]
-        states = _ask_status(pool, others, job_id, outputs)
+        states = ask_status(pool, others, job_id, outputs)
         if all(states.get(r, {}).get("phase") == "starting the process group" for r in others):
             first = min(errors)
             print(f"(rank {first} could not connect to its peers ({errors[first][0].splitlines()[0][:120]}); "
                   "starting fresh workers and running the job again)", file=sys.stderr)
             with guard.held():
-                _discard_pool()
+                kernel_pool.discard_pool()
             return _launch(payload, plan, timeout, record, threads, profile, guard, attempt=1)
     if errors:
         first = min(errors, key=lambda r: (_is_secondary(errors[r][0]), r))
@@ -645,91 +351,8 @@ def _launch(payload: bytes, plan: RankPlan, timeout: float, record: bool, thread
                trace_path)
 
 
-def _collect(pool: "_Pool", n: int, job_id: int, deadline: float, outputs: dict) -> tuple[dict, dict, dict]:
-    """Read the ranks' messages for one job until all are done, one fails, or the deadline.
-
-    Returns ``done`` (rank -> (pickled result, meta)), ``errors`` (rank -> (summary, traceback,
-    stage)) and, when the deadline passed, ``states`` (rank -> where that rank was, for
-    :func:`helpers.hang.diagnose`); printed text is appended to ``outputs`` as it arrives. After
-    the first error the peers get one more second to report their own, then collection stops.
-    """
-    conns = pool.conns[:n]
-    done: dict[int, tuple] = {}
-    errors: dict[int, tuple] = {}
-    first_error_at = None
-    while len(done) + len(errors) < n:
-        now = time.monotonic()
-        if first_error_at is not None and now > first_error_at + 1.0:
-            break
-        if now >= deadline:  # time is up: ask the stuck ranks where they are, briefly
-            return done, errors, _ask_status(pool, [r for r in range(n) if r not in done and r not in errors],
-                                             job_id, outputs)
-        by_conn = {c: r for r, c in enumerate(conns) if r not in done and r not in errors}
-        # short slices: a notebook interrupt is noticed at once, however it is delivered
-        for c in _wait_conns(list(by_conn), timeout=max(0.0, min(deadline - now, 0.2 if errors else 0.5))):
-            r = by_conn[c]
-            try:
-                msg = c.recv()
-            except (EOFError, OSError):
-                pool.procs[r].join(timeout=1.0)
-                code = pool.procs[r].exitcode
-                errors[r] = (f"the worker process died (exit code {code})", "(no Python traceback: the process ended)", "run")
-                first_error_at = first_error_at or time.monotonic()
-                continue
-            kind = msg[0]
-            if msg[1] != job_id:
-                continue  # a late message from an earlier job
-            if kind == "idle":
-                pool.busy.discard(r)
-            elif kind == "out":
-                outputs[r].append((msg[2], msg[3]))
-            elif kind == "done":
-                done[r] = (msg[2], msg[3])
-            elif kind == "error":
-                errors[r] = (msg[2], msg[3], msg[4])
-                first_error_at = first_error_at or time.monotonic()
-    return done, errors, {}
-
-
-def _ask_status(pool: "_Pool", ranks, job_id: int, outputs: dict) -> dict[int, dict]:
-    """Ask ``ranks`` where they are (their lifeline threads answer); wait at most ``_STATUS_WAIT``."""
-    asked = {}
-    for r in ranks:
-        try:
-            pool.conns[r].send(("status", job_id))
-            asked[pool.conns[r]] = r
-        except OSError:
-            pass
-    states: dict[int, dict] = {}
-    until = time.monotonic() + _STATUS_WAIT
-    while len(states) < len(asked) and time.monotonic() < until:
-        waiting = [c for c, r in asked.items() if r not in states]
-        for c in _wait_conns(waiting, timeout=max(0.0, until - time.monotonic())):
-            try:
-                msg = c.recv()
-            except (EOFError, OSError):
-                states[asked[c]] = {"phase": "died"}
-                continue
-            if msg[1] == job_id and msg[0] == "status":
-                states[asked[c]] = msg[2]
-            elif msg[1] == job_id and msg[0] == "out":
-                outputs[asked[c]].append((msg[2], msg[3]))
-    return states
-
-
 def _is_secondary(summary: str) -> bool:
     """Errors that are usually a consequence of another rank's failure, not the cause."""
     s = summary.lower()
     return any(k in s for k in ("connection closed", "connection reset", "broken pipe", "timed out"))
 
-
-def _print_outputs(outputs: dict[int, list[tuple[str, str]]]):
-    for r in sorted(outputs):
-        for stream in ("stdout", "stderr"):
-            text = "".join(t for s, t in outputs[r] if s == stream)
-            if not text:
-                continue
-            target = sys.stdout if stream == "stdout" else sys.stderr
-            lines = text.rstrip("\n").split("\n")
-            target.write("".join(f"[rank {r}] {line}\n" for line in lines))
-    sys.stdout.flush()

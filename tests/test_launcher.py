@@ -5,6 +5,7 @@ import time
 import pytest
 
 from helpers import launcher
+from helpers import pool as kernel_pool
 from helpers.launcher import LaunchTimeout, RankError, launch, plan_ranks
 
 
@@ -368,12 +369,12 @@ def test_the_comm_log_records_the_size_of_the_group_not_the_world():
 
 def test_workers_report_idle_after_tearing_down_and_a_busy_pool_is_replaced(monkeypatch, capsys):
     launch(_allreduce_rank_plus_one, world_size=2, quiet=True)
-    pool = launcher._POOL
+    pool = kernel_pool._POOL
     assert pool.wait_idle(range(len(pool.procs)), 10.0) and pool.busy == set()
     pool.busy.add(1)  # pretend rank 1 never finished its teardown
-    monkeypatch.setattr(launcher, "_IDLE_WAIT", 0.2)
+    monkeypatch.setattr(kernel_pool, "_IDLE_WAIT", 0.2)
     run = launch(_allreduce_rank_plus_one, world_size=2, quiet=True)
-    assert run.started_pool and launcher._POOL is not pool
+    assert run.started_pool and kernel_pool._POOL is not pool
     assert "still busy with the last job" in capsys.readouterr().err
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from helpers import launcher
+from helpers import pool as kernel_pool
 from helpers.launcher import LaunchTimeout, RankError, launch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -159,7 +160,7 @@ def _my_listening_sockets():
 @pytest.mark.skipif(not os.path.isdir("/proc/self/net"), reason="reads Linux's /proc")
 def test_every_listening_socket_of_a_cpu_job_is_on_loopback():
     run = launch(_my_listening_sockets, world_size=2, quiet=True)
-    store_port = launcher._POOL.store.port
+    store_port = kernel_pool._POOL.store.port
     mine = _listening()
     assert any(port == store_port for _, port in mine), (store_port, mine)  # the store is seen
     for owner, socks in [("launcher", mine)] + [(f"rank {r}", s) for r, s in enumerate(run.results)]:
@@ -382,7 +383,7 @@ def test_a_killed_kernel_leaves_one_folder_that_the_next_launch_removes(killed_k
     assert len(k["before"]) == 1 and k["before"][0].startswith(f"helpers-launcher-{k['pid']}-"), k["before"]
     assert k["after"] == k["before"]
     monkeypatch.setattr("tempfile.tempdir", str(k["tmp"]))
-    launcher._sweep_stale_dirs()  # what the next pool start anywhere on the machine does
+    kernel_pool._sweep_stale_dirs()  # what the next pool start anywhere on the machine does
     assert _litter(k["tmp"]) == []
 
 
@@ -412,7 +413,7 @@ def test_bad_arguments_are_rejected_naming_them_before_anything_starts(kwargs, e
     def started(*a, **k):
         raise AssertionError("a worker pool was asked for")
 
-    monkeypatch.setattr(launcher, "_get_pool", started)
+    monkeypatch.setattr(kernel_pool, "get_pool", started)
     with pytest.raises(exc, match=match):
         launch(_nothing, **kwargs)
     assert capsys.readouterr().out == ""  # not even the line saying what would run
