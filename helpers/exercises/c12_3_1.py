@@ -1,5 +1,5 @@
 """Exercise checks for 12.3.1 (sequence parallelism)."""
-from . import check_int, check_number, require
+from . import check_int, check_number, check_run, reject
 from ..costs import activation_bytes_per_layer
 
 
@@ -16,13 +16,17 @@ def ex2(answer):
                  hint="With sequence parallelism every one of the 34 sbh terms is divided by t.")
 
 
-def ex3(answer, s, b, h, a, t):
-    """Activation bytes measured on rank 0 of an SP run on t ranks equal the TP+SP formula."""
-    require(answer, "the activation bytes measured on rank 0 (an integer)")
-    check_int(answer, int(activation_bytes_per_layer(s, b, h, a, t, sequence_parallel=True)),
-              what="the measured activation bytes of rank 0 under TP + SP",
-              hint="Launch sp.activation_memory_worker with sequence_parallel=True on t ranks and take "
-                   "results[0]['activations'] (LayerNorm statistics excluded).")
+def ex3(run, s, b, h, a):
+    """Activation bytes measured on rank 0 of a TP + SP run on 2 ranks equal the TP+SP formula."""
+    check_run(run, 2, ops={"all_gather": 1, "reduce_scatter": 1}, absent=("all_reduce",),
+              hint="Sequence parallelism replaces TP's all-reduces by all-gathers and reduce-scatters: "
+                   "pass sequence_parallel=True to sp.activation_memory_worker.")
+    res = run.results[0]
+    if not (isinstance(res, dict) and "activations" in res):
+        reject("rank 0 must return sp.activation_memory_worker's dict (with 'activations')")
+    check_int(int(res["activations"]), int(activation_bytes_per_layer(s, b, h, a, 2, sequence_parallel=True)),
+              what="the measured activation bytes of rank 0 under TP + SP on 2 ranks",
+              hint="Read results[0]['activations'] (LayerNorm statistics excluded).")
 
 
 def ex4(block_class):

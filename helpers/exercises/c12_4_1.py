@@ -1,5 +1,5 @@
 """Exercise checks for 12.4.1 (rules of thumb for choosing a mix)."""
-from . import check_number, check_true, require
+from . import check_number, check_pipeline_order, check_run, check_true, reject
 from ..costs import ring_bytes_sent
 from ..memory import GB, per_device_bytes
 from ..pipeline_schedule import bubble_formula
@@ -26,16 +26,24 @@ def ex3(answer):
                  hint="A ring reduce-scatter and a ring all-gather each send (d-1)/d of the GPU's own gradient bytes.")
 
 
-def ex4(results, reference):
-    """A 3D run on 8 ranks (any valid DP x PP x TP, any schedule) matching single-process training."""
+def ex4(run, reference):
+    """The tiny transformer on 8 ranks as DP2 x PP4 x TP1 with GPipe and 2 micro-batches, for the reference's
+    steps: the layout, every rank's F/B order, and losses and parameters equal to single-process training."""
     from ..three_d import global_losses, max_param_diff
 
-    require(results, "run.results of your launch")
-    tp = max(r["coord"]["tp"] for r in results) + 1
+    check_run(run, 8, hint="launch(td.three_d_worker, dp=2, pp=4, tp=1, ..., world_size=8).")
+    results = run.results
+    if not all(isinstance(r, dict) and {"coord", "losses", "params"} <= set(r) for r in results):
+        reject("that run is not a run of td.three_d_worker (its ranks return 'coord', 'losses' and 'params')")
+    sizes = {n: max(r["coord"][n] for r in results) + 1 for n in ("dp", "pp", "tp")}
+    if sizes != {"dp": 2, "pp": 4, "tp": 1}:
+        reject(f"the run's layout is DP{sizes['dp']} x PP{sizes['pp']} x TP{sizes['tp']}; the exercise asks for DP2 x PP4 x TP1")
+    steps = len(reference["losses"])
+    check_pipeline_order(run, "gpipe", 2, repeats=steps, stage_of=lambda r: (results[r]["coord"]["pp"], 4))
     losses = global_losses(results)
-    check_true(len(results) == 8 and len(losses) == len(reference["losses"]), what="8 ranks trained for the reference's number of steps")
-    check_true(max(abs(a - b) for a, b in zip(losses, reference["losses"])) < 1e-10 and max_param_diff(results, reference, tp) < 1e-10,
-               what="losses and parameters equal single-process training",
+    check_true(len(losses) == steps and max(abs(a - b) for a, b in zip(losses, reference["losses"])) < 1e-10
+               and max_param_diff(results, reference, 1) < 1e-10,
+               what="DP2 x PP4 x TP1 with GPipe on 8 ranks: losses and parameters equal single-process training",
                hint="Same steps, batch and learning rate on both sides.")
 
 
