@@ -6,7 +6,8 @@ worker code needs no hand counting:
 
 * every ``torch.distributed`` call reaches the c10d dispatcher ops (``c10d.allreduce_``,
   ``c10d.send``, ...), also the ones that DDP, FSDP and DTensor issue from inside PyTorch;
-  a ``TorchDispatchMode`` sees each of them and records its op, payload bytes and group size;
+  a ``TorchDispatchMode`` sees each of them and records its op, payload bytes, group size and
+  the group's members (``CommOp.group_ranks``: which communicator carried it);
 * ``span("name")`` marks a stretch of wall time (compute, communication, ...) on this rank.
 
 Payload bytes ``S`` are the bytes of the whole buffer an op concerns (the tensor all-reduced, the
@@ -67,6 +68,7 @@ class CommOp:
     bytes: int
     group_size: int
     t: float  # seconds since the job started on this rank, when the call was issued
+    group_ranks: tuple | None = None  # the group's members (global ranks), where the call names its group
 
     @property
     def model_sent(self) -> float:
@@ -97,29 +99,40 @@ def _tensor_bytes(obj) -> int:
     return 0
 
 
-def _group_size(args) -> int:
+def _group(args) -> tuple[int, tuple | None]:
+    """(size, members as global ranks) of the process group a call names; the world's without one."""
     import torch
     import torch.distributed as dist
 
+    def members(pg):
+        try:
+            return tuple(dist.get_process_group_ranks(pg))
+        except Exception:  # pragma: no cover - a group this rank cannot look up
+            return None
+
     for a in args:
         if isinstance(a, dist.ProcessGroup):
-            return a.size()
+            return a.size(), members(a)
         if isinstance(a, torch.ScriptObject):  # c10d dispatcher ops receive the group boxed
             try:
-                return dist.ProcessGroup.unbox(a).size()
+                pg = dist.ProcessGroup.unbox(a)
             except Exception:  # pragma: no cover - not a process group
-                pass
+                continue
+            return pg.size(), members(pg)
         if isinstance(a, (list, tuple)) and a and all(isinstance(r, int) for r in a):
-            return len(a)  # functional collectives: a list of ranks
+            return len(a), tuple(a)  # functional collectives: a list of ranks
     for a in args:
         if isinstance(a, str):  # functional collectives: a group name
             try:
                 from torch.distributed.distributed_c10d import _resolve_process_group
 
-                return _resolve_process_group(a).size()
+                pg = _resolve_process_group(a)
+                return pg.size(), members(pg)
             except Exception:  # pragma: no cover - depends on torch internals
                 pass
-    return dist.get_world_size() if dist.is_initialized() else 1
+    if dist.is_initialized():
+        return dist.get_world_size(), tuple(range(dist.get_world_size()))
+    return 1, None
 
 
 def _make_mode_class():
@@ -138,9 +151,8 @@ def _make_mode_class():
             if table is not None and name in table:
                 op, idx = table[name]
                 nbytes = 0 if idx is None else _tensor_bytes(args[idx])
-                self.log.ops.append(
-                    CommOp(op, nbytes, _group_size(list(args) + list(kwargs.values())), self.log.now())
-                )
+                size, ranks = _group(list(args) + list(kwargs.values()))
+                self.log.ops.append(CommOp(op, nbytes, size, self.log.now(), ranks))
             return func(*args, **kwargs)
 
     return _Recorder
