@@ -6,7 +6,8 @@ worker code needs no hand counting:
 
 * every ``torch.distributed`` call reaches the c10d dispatcher ops (``c10d.allreduce_``,
   ``c10d.send``, ...), also the ones that DDP, FSDP and DTensor issue from inside PyTorch;
-  a ``TorchDispatchMode`` sees each of them and records its op, payload bytes and group size;
+  a ``TorchDispatchMode`` sees each of them and records its op, payload bytes, group size and
+  the group's members (``CommOp.group_ranks``: which communicator carried it);
 * ``span("name")`` marks a stretch of wall time (compute, communication, ...) on this rank.
 
 Payload bytes ``S`` are the bytes of the whole buffer an op concerns (the tensor all-reduced, the
@@ -70,6 +71,7 @@ class CommOp:
     seq: int = 0  # the call's number on its group, from 1 (collectives; send/recv count per peer)
     group: str = ""  # the process group's name ("0" is the default group)
     peer: int | None = None  # send/recv: the global rank at the other end
+    group_ranks: tuple | None = None  # the group's members (global ranks): which communicator carried it
 
     @property
     def model_sent(self) -> float:
@@ -114,7 +116,7 @@ def _find_group(args):
             except Exception:  # pragma: no cover - not a process group
                 pass
         if isinstance(a, (list, tuple)) and a and all(isinstance(r, int) for r in a):
-            return len(a)  # functional collectives: a list of ranks
+            return tuple(a)  # functional collectives: a list of ranks
     for a in args:
         if isinstance(a, str):  # functional collectives: a group name
             try:
@@ -130,8 +132,8 @@ def _group_size(args) -> int:
     import torch.distributed as dist
 
     g = _find_group(args)
-    if isinstance(g, int):
-        return g
+    if isinstance(g, tuple):
+        return len(g)
     if g is not None:
         return g.size()
     return dist.get_world_size() if dist.is_initialized() else 1
@@ -183,15 +185,19 @@ class CommLog:
 
     def record(self, op: str, nbytes: int, args, c10d_name: str = ""):
         """Append one call: its payload, its group and its number on that group (or peer)."""
+        import torch.distributed as dist
+
         g = _find_group(args)
-        if isinstance(g, int) or g is None:
-            size, gname = (g if isinstance(g, int) else _group_size(())), ""
+        if isinstance(g, tuple):  # functional collectives name their ranks
+            size, gname, members = len(g), "", g
+        elif g is None:
+            size, gname = _group_size(()), ""
+            members = tuple(range(size)) if dist.is_initialized() else None
         else:
             size, gname = g.size(), g.group_name
             if gname not in self.groups:
-                import torch.distributed as dist
-
                 self.groups[gname] = tuple(dist.get_process_group_ranks(g))
+            members = self.groups[gname]
         peer = None
         if op in ("send", "recv"):
             local = args[2] if c10d_name in ("send", "recv_") and len(args) > 2 and isinstance(args[2], int) else None
@@ -201,7 +207,7 @@ class CommLog:
         else:
             key = (gname,)
         seq = self.counts[key] = self.counts.get(key, 0) + 1
-        self.ops.append(CommOp(op, nbytes, size, self.now(), seq, gname, peer))
+        self.ops.append(CommOp(op, nbytes, size, self.now(), seq, gname, peer, members))
 
     def status(self) -> dict:
         """What this rank last did, for a hang diagnosis (read from another thread)."""

@@ -7,7 +7,9 @@ that says what the payload or the shape is in its section's words (e.g.
 * **Collectives on a ring** of N ranks, payload S bytes (P.7; what :mod:`helpers.commlog` puts
   beside every recorded call): all-reduce sends 2(N-1)/N x S per rank in 2(N-1) steps;
   all-gather, reduce-scatter and all-to-all send (N-1)/N x S in N-1 steps; a send sends S in one
-  step. The alpha-beta time is steps x alpha + bytes sent / beta (:func:`alpha_beta_time`).
+  step. The alpha-beta time is steps x alpha + bytes sent / beta (:func:`alpha_beta_time`); a
+  two-level all-reduce over servers adds an intra-server reduce-scatter and all-gather around an
+  inter-server all-reduce of 1/per_node of the payload (:func:`hierarchical_all_reduce_time`).
 * **Activation memory** of one transformer layer (Korthikanti et al. 2022, 12.3.1): 16-bit
   activations and 1-byte dropout masks, s b h (34 + 5 a s / h) on one device, with the
   tensor-parallel and sequence-parallel variants, with or without the s x s scores and the
@@ -90,6 +92,23 @@ def alpha_beta_time(n: int, size_bytes, alpha: float, beta: float, op: str = "al
     positive_number(alpha, "alpha (seconds per step)", allow_zero=True)
     positive_number(beta, "beta (bytes/s per link)")
     return ring_steps(op, n) * alpha + ring_bytes_sent(op, 1.0, n) * size_bytes / beta
+
+
+def hierarchical_all_reduce_time(per_node: int, nodes: int, size_bytes, alpha_intra: float, beta_intra: float,
+                                 alpha_inter: float, beta_inter: float):
+    """Two-level all-reduce of ``size_bytes`` over ``nodes`` servers of ``per_node`` ranks (12.2.1, 12.2.2).
+
+    Reduce-scatter inside each server (ring of ``per_node`` on the fast links), all-reduce of each
+    rank's 1/per_node slice with its peers in the other servers (ring of ``nodes``, every rank on
+    its own inter-server link, all in parallel), all-gather inside the server: the sum of the three
+    :func:`alpha_beta_time` terms. Across the servers each rank sends 2 (nodes-1)/nodes x S / per_node.
+    """
+    per_node = integer_at_least(per_node, "per_node (ranks per server)")
+    nodes = integer_at_least(nodes, "nodes (servers)")
+    inside = 0.0 if per_node == 1 else (alpha_beta_time(per_node, size_bytes, alpha_intra, beta_intra, "reduce_scatter")
+                                        + alpha_beta_time(per_node, size_bytes, alpha_intra, beta_intra, "all_gather"))
+    across = 0.0 if nodes == 1 else alpha_beta_time(nodes, size_bytes / per_node, alpha_inter, beta_inter)
+    return inside + across
 
 
 # ---- mixture-of-experts routing (12.4.1, 12.4.2) -------------------------------------------------
@@ -268,6 +287,24 @@ def attention_flops(s_q: int, s_k: int, width: int, causal: bool = False):
     (2 FLOPs per multiply-add; ``width`` = heads x head dim); halved when causal."""
     f = 4 * integer_at_least(s_q, "s_q", 0) * integer_at_least(s_k, "s_k", 0) * integer_at_least(width, "width", 0)
     return f / 2 if causal else f
+
+
+def ring_overlap_tokens(flops_per_s: float, link_bytes_per_s: float, q_per_kv: int = 1, causal: bool = False,
+                        bytes_per_value: float = 2) -> float:
+    """Tokens per rank n at which one ring-attention step's compute equals its K/V transfer (12.3.2).
+
+    Per step a rank scores its n queries against a block of n keys, :func:`attention_flops`
+    (n, n, H d) = 4 n^2 H d FLOPs (half when causal), and sends one K and one V block,
+    2 n H_kv d bytes_per_value. With g = H / H_kv query heads per K/V head and c = 1/2 for
+    causal (1 otherwise) the two take equal time at n = bytes_per_value F / (2 c g B): below it
+    the ring's transfers cannot hide behind compute, above it they can. Head dim and head count
+    cancel; the sequence length where this happens is p n.
+    """
+    positive_number(flops_per_s, "flops_per_s")
+    positive_number(link_bytes_per_s, "link_bytes_per_s")
+    positive_number(bytes_per_value, "bytes_per_value")
+    g = integer_at_least(q_per_kv, "q_per_kv (query heads per K/V head)")
+    return bytes_per_value * flops_per_s / (2 * (0.5 if causal else 1.0) * g * link_bytes_per_s)
 
 
 def layer_forward_flops(tokens: int, h: int, ffn: int, seq: int, mlp_matrices: int = 2) -> int:

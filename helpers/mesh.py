@@ -13,7 +13,9 @@ The group of a dimension ``d`` that a rank belongs to holds the ranks whose coor
 it on every *other* dimension (a TP group shares (dp, pp); a DP group shares (pp, tp)).
 
 Servers ("nodes") hold consecutive ranks: rank r lives on node ``r // devices_per_node``. Putting
-the innermost dimension inside a node is how TP gets the fastest links (P.7, P.11, 12.4.1).
+the innermost dimension inside a node is how TP gets the fastest links (P.7, P.11, 12.4.1);
+:func:`placement` says which dimensions' groups span servers and :func:`stage_hops` which
+pipeline hand-offs cross them (12.2.2).
 
 On the ranks: :func:`hand_groups_worker` builds every group with ``dist.new_group`` and sums the
 ranks inside each with an all-reduce (so the groups are real, not just lists);
@@ -141,6 +143,18 @@ def placement(mesh: Mesh, devices_per_node: int) -> dict:
         spans = [len({node_of(r, devices_per_node) for r in g}) for g in gs]
         out[name] = {"group size": mesh.size(name), "groups": len(gs), "max servers per group": max(spans),
                      "intra-node": max(spans) == 1}
+    return out
+
+
+def stage_hops(mesh: Mesh, devices_per_node: int, name: str = "pp") -> list:
+    """Every point-to-point link between consecutive indices of dimension ``name`` (12.2.2): for a
+    pipeline, the hand-off from stage k to stage k+1 of each pipeline, as ``(src, dst, crosses)``
+    where ``crosses`` says whether the two ranks sit in different servers."""
+    devices_per_node = integer_at_least(devices_per_node, "devices_per_node")
+    out = []
+    for g in mesh.groups(name):
+        for a, b in zip(g, g[1:]):
+            out.append((a, b, node_of(a, devices_per_node) != node_of(b, devices_per_node)))
     return out
 
 

@@ -171,17 +171,28 @@ def hardware() -> dict:
     return json.loads((DATA / "hardware.json").read_text())
 
 
-def h100_cluster(n_devices: int, name: str | None = None, **overrides) -> Cluster:
-    """H100 SXM 80 GB servers of 8, NVLink inside (450 GB/s each way), 400 Gb/s per GPU between."""
+def _cluster(device: str, link: str, n_devices: int, name: str, overrides: dict) -> Cluster:
+    """A cluster of ``data/hardware.json``'s ``device`` servers joined by its ``link``, with the
+    file's modelling assumptions (latencies, efficiency, reserve); ``overrides`` replace any field."""
     hw = hardware()
-    h, ib, mod = hw["h100_sxm"], hw["infiniband_ndr_400"], hw["modelling"]
-    kw = dict(name=name or f"{n_devices} x H100 80GB", n_devices=n_devices, devices_per_node=h["devices_per_node"],
-              memory_bytes=h["memory_bytes"], peak_flops=h["bf16_dense_flops"], intra_bw=h["nvlink_bytes_per_s"],
-              inter_bw=ib["bytes_per_s"], alpha_intra=mod["alpha_intra_s"], alpha_inter=mod["alpha_inter_s"],
+    d, net, mod = hw[device], hw[link], hw["modelling"]
+    kw = dict(name=name, n_devices=n_devices, devices_per_node=d["devices_per_node"],
+              memory_bytes=d["memory_bytes"], peak_flops=d["bf16_dense_flops"], intra_bw=d["nvlink_bytes_per_s"],
+              inter_bw=net["bytes_per_s"], alpha_intra=mod["alpha_intra_s"], alpha_inter=mod["alpha_inter_s"],
               efficiency=mod["efficiency"], reserve_bytes=mod["reserve_bytes"])
     kw.update(overrides)
     return Cluster(**kw)
 
+
+def h100_cluster(n_devices: int, name: str | None = None, **overrides) -> Cluster:
+    """H100 SXM 80 GB servers of 8, NVLink inside (450 GB/s each way), 400 Gb/s per GPU between."""
+    return _cluster("h100_sxm", "infiniband_ndr_400", n_devices, name or f"{n_devices} x H100 80GB", overrides)
+
+
+def a100_cluster(n_devices: int, name: str | None = None, **overrides) -> Cluster:
+    """12.2.2's cluster: A100 SXM 80 GB servers of 8 (312 TF/s BF16, NVLink 300 GB/s each way),
+    HDR InfiniBand 25 GB/s per GPU between servers; latencies, efficiency, reserve as for H100."""
+    return _cluster("a100_sxm", "infiniband_hdr_200", n_devices, name or f"{n_devices} x A100 80GB", overrides)
 
 
 # ---- models used by the notebooks ------------------------------------------------------------------------
@@ -190,6 +201,12 @@ def book_70b(seq_len: int = 4096) -> Model:
     """12.4.1's 70B dense model: h 8192, 80 layers, 64 heads, 70e9 parameters (Llama-3-70B-like FFN)."""
     return Model("70B (12.4.1)", layers=80, hidden=8192, heads=64, kv_heads=8, ffn=28672, mlp_matrices=3,
                  seq_len=seq_len, vocab=128256, n_params=70e9)
+
+
+def book_175b(seq_len: int = 2048) -> Model:
+    """12.2.2's worked example: h 12288, 96 layers, FFN 49152 (a GPT-3-175B shape: 96 heads of 128),
+    175e9 parameters; s = 2048 is what its 201 MB hand-off implies."""
+    return Model("175B (12.2.2)", layers=96, hidden=12288, heads=96, ffn=49152, seq_len=seq_len, n_params=175e9)
 
 
 def book_100b(seq_len: int = 4096) -> Model:

@@ -13,7 +13,8 @@ each read in one sitting:
   (:func:`ring_attention`);
 * this module: seeded inputs, single-process references, and the worker functions for
   :func:`helpers.launcher.launch` (also runnable under torchrun): the ring itself, the two other
-  designs (all-gather K/V, Ulysses all-to-all of heads) and the causal load balance of the schemes.
+  designs (all-gather K/V, Ulysses all-to-all of heads), the causal load balance of the schemes,
+  the ring on its own CP group beside a TP group, and the ring with and without overlap.
   The numpy version of the merge is :mod:`helpers.attention_numpy`.
 
 Tensor layout on a rank: ``(heads, tokens, head_dim)``.
@@ -29,22 +30,22 @@ from .ring_core import RingConfig, ring_attention, ring_backward, ring_forward
 from .ring_kernel import (BufferMeter, acc_dtype, block_backward, block_forward, merge_into, tile_plan, tolerance,
                           track)
 from .ring_partition import (SCHEMES, allgather_kv_bytes_per_rank, allowed, attention_flops, kv_bytes, padded_length,
-                             partition_indices, ring_backward_bytes_per_rank, ring_bytes_per_rank, score_matrix_bytes,
-                             tile_ok, ulysses_bytes_per_rank, work_table)
+                             partition_indices, ring_backward_bytes_per_rank, ring_bytes_per_rank, ring_step_times,
+                             score_matrix_bytes, tile_ok, ulysses_bytes_per_rank, work_table)
 from .validate import integer_at_least
 
 __all__ = [
     # ring_partition
     "SCHEMES", "padded_length", "partition_indices", "allowed", "tile_ok", "work_table", "score_matrix_bytes", "kv_bytes",
     "ring_bytes_per_rank", "ring_backward_bytes_per_rank", "allgather_kv_bytes_per_rank", "ulysses_bytes_per_rank",
-    "attention_flops",
+    "attention_flops", "ring_step_times",
     # ring_kernel
     "tolerance", "acc_dtype", "tile_plan", "block_forward", "merge_into", "block_backward", "BufferMeter", "track",
     # ring_core
     "RingConfig", "ring_forward", "ring_backward", "ring_attention",
     # this module
     "make_inputs", "reference_attention", "single_process_attention", "assemble", "ring_attention_worker",
-    "compare_results", "designs_worker", "causal_balance_worker",
+    "compare_results", "designs_worker", "causal_balance_worker", "cp_tp_worker", "output_projection", "overlap_worker",
 ]
 
 
@@ -295,4 +296,82 @@ def causal_balance_worker(s: int, heads: int, d: int, *, tile: int, schemes=SCHE
             wall = f["compute_s"] if wall is None else [min(a, b) for a, b in zip(wall, f["compute_s"])]
             tiles = f["tiles"]
         res[scheme] = {"tiles": tiles, "cpu_s": cpu, "wall_s": wall, "total_wall_s": total, "idx": idx, "out": out}
+    return res
+
+
+def cp_tp_worker(s: int, heads: int, d: int, *, cp: int, tp: int, scheme: str = "zigzag", causal: bool = True,
+                 seed: int = 0):
+    """Attention with context and tensor parallelism on separate process groups (12.3.2), float64, forward.
+
+    ``init_device_mesh`` lays the world out as CP x TP (TP innermost). TP rank t holds heads
+    ``t H/tp ... (t+1) H/tp - 1`` and the matching rows of the output projection ``W_o``; CP rank c
+    holds the tokens of ``partition_indices(s, cp, scheme)[c]``. The K/V ring runs over the CP
+    group only; the row-parallel output projection is summed by an all-reduce over the TP group
+    only. Returns this rank's ``idx``, its rows of ``attention @ W_o`` and its two groups' members.
+    """
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from .worker import device
+
+    if heads % tp:
+        raise ValueError(f"tensor parallelism over heads needs tp={tp} to divide heads={heads}")
+    dm = init_device_mesh(device().type, (cp, tp), mesh_dim_names=("cp", "tp"))
+    cp_group, tp_group = dm.get_group("cp"), dm.get_group("tp")
+    c, t = dist.get_rank(cp_group), dist.get_rank(tp_group)
+    q, k, v, _ = make_inputs(s, heads, d, seed, torch.float64)
+    w_o = output_projection(heads, d, seed)
+    hp = heads // tp
+    idx = partition_indices(s, cp, scheme)[c]
+    ti, hs = torch.as_tensor(idx), slice(t * hp, (t + 1) * hp)
+    ql, kl, vl = (x[hs].index_select(1, ti).to(device()) for x in (q, k, v))
+    with torch.no_grad():
+        out = ring_attention(ql, kl, vl, scheme=scheme, causal=causal, group=cp_group)  # (hp, n, d)
+        y = out.permute(1, 0, 2).reshape(len(idx), hp * d) @ w_o[t * hp * d:(t + 1) * hp * d].to(device())
+        dist.all_reduce(y, group=tp_group)  # partial sums of the row-parallel projection
+    return {"idx": idx, "y": y, "coord": {"cp": c, "tp": t},
+            "groups": {"cp": sorted(dist.get_process_group_ranks(cp_group)), "tp": sorted(dist.get_process_group_ranks(tp_group))}}
+
+
+def output_projection(heads: int, d: int, seed: int = 0):
+    """The seeded output projection ``W_o`` of :func:`cp_tp_worker`, ``(heads d, heads d)``, float64."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed + 1)
+    return torch.randn(heads * d, heads * d, generator=g, dtype=torch.float64) / math.sqrt(heads * d)
+
+
+def overlap_worker(s: int, heads: int, d: int, *, repeats: int = 5, seed: int = 0, dtype: str = "float32"):
+    """Ring attention forward with the transfers overlapped and not (12.3.2), non-causal, timed.
+
+    Alternates ``overlap=False`` (wait for each K/V transfer, then compute) and ``overlap=True``
+    (post the transfer, compute, then wait), ``repeats`` times each. Per mode: ``total_s`` (the
+    whole ring, min over repeats), per step the smallest ``compute_s`` and ``wait_s`` (with
+    overlap off the wait is the transfer itself), and the output rows (``idx``, ``out``).
+    """
+    import torch
+    import torch.distributed as dist
+
+    from .worker import device
+
+    integer_at_least(repeats, "repeats")
+    rank, p = dist.get_rank(), dist.get_world_size()
+    q, k, v, _ = make_inputs(s, heads, d, seed, getattr(torch, dtype))
+    idx = partition_indices(s, p, "contiguous")[rank]
+    ti = torch.as_tensor(idx)
+    ql, kl, vl = (x.index_select(1, ti).to(device()) for x in (q, k, v))
+    res = {mode: {"total_s": math.inf, "compute_s": None, "wait_s": None} for mode in ("off", "on")}
+    for _ in range(repeats):
+        for mode in ("off", "on"):
+            stats: dict = {}
+            dist.barrier()
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                out = ring_attention(ql, kl, vl, stats=stats, overlap=mode == "on")
+            r, f = res[mode], stats["forward"]
+            r["total_s"] = min(r["total_s"], time.perf_counter() - t0)
+            for key in ("compute_s", "wait_s"):
+                r[key] = f[key] if r[key] is None else [min(a, b) for a, b in zip(r[key], f[key])]
+            r["idx"], r["out"] = idx, out
     return res

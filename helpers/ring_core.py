@@ -33,13 +33,21 @@ class RingConfig:
     meter: BufferMeter | None = None
     stats: dict = field(default_factory=dict)
     overlap: bool = True  # post the next transfer before computing (False: transfer, then compute)
+    group: object = None  # the context-parallel process group (None: the whole world)
 
 
-def _ring_exchange(send_buf, recv_buf, rank, p):
-    """Post send to rank+1 and receive from rank-1 (non-blocking); return the requests."""
+def _ring_exchange(send_buf, recv_buf, rank, p, group=None):
+    """Post send to ring position rank+1 and receive from rank-1 (non-blocking); return the requests.
+
+    ``rank`` and ``p`` are positions in ``group`` (the world when None); the peers are named by
+    their global ranks, as ``P2POp`` wants them.
+    """
     import torch.distributed as dist
 
-    ops = [dist.P2POp(dist.isend, send_buf, (rank + 1) % p), dist.P2POp(dist.irecv, recv_buf, (rank - 1) % p)]
+    def peer(i):
+        return i % p if group is None else dist.get_global_rank(group, i % p)
+
+    ops = [dist.P2POp(dist.isend, send_buf, peer(rank + 1), group), dist.P2POp(dist.irecv, recv_buf, peer(rank - 1), group)]
     return dist.batch_isend_irecv(ops)
 
 
@@ -48,7 +56,7 @@ def _ring_setup(q, cfg):
     rank's token positions, tile size, softmax scale and accumulation dtype."""
     import torch.distributed as dist
 
-    rank, p = dist.get_rank(), dist.get_world_size()
+    rank, p = dist.get_rank(cfg.group), dist.get_world_size(cfg.group)
     H, n, d = q.shape
     tile = n if cfg.tile is None else cfg.tile
     return rank, p, H, n, d, _positions(n, p, cfg), tile, 1.0 / math.sqrt(d), acc_dtype(q.dtype)
@@ -79,10 +87,10 @@ def ring_forward(q, k, v, cfg: RingConfig):
         if j < p - 1:
             nxt = track(cfg.meter, torch.empty_like(cur), "kv")
             if cfg.overlap:
-                reqs = _ring_exchange(cur, nxt, rank, p)
+                reqs = _ring_exchange(cur, nxt, rank, p, cfg.group)
             else:
                 t0 = time.perf_counter()
-                for r in _ring_exchange(cur, nxt, rank, p):
+                for r in _ring_exchange(cur, nxt, rank, p, cfg.group):
                     r.wait()
                 st["wait_s"].append(time.perf_counter() - t0)
         plan = tile_plan(pos[rank], pos[src], cfg.causal, cfg.valid_len, tile)
@@ -132,7 +140,7 @@ def ring_backward(q, k, v, out, lse, dout, cfg: RingConfig):
         reqs, nxt = None, None
         if j < p - 1:
             nxt = track(cfg.meter, torch.empty_like(cur), "kv")
-            reqs = _ring_exchange(cur, nxt, rank, p)
+            reqs = _ring_exchange(cur, nxt, rank, p, cfg.group)
         plan = tile_plan(pos[rank], pos[src], cfg.causal, cfg.valid_len, tile)
         t0, c0 = time.perf_counter(), time.thread_time()
         with _span("attend-bwd"):
@@ -160,7 +168,7 @@ def ring_backward(q, k, v, out, lse, dout, cfg: RingConfig):
                 del bq, bk, bv
             if p > 1:
                 dnxt = track(cfg.meter, torch.empty_like(dcur), "dkv")
-                d_reqs = _ring_exchange(dcur, dnxt, rank, p)
+                d_reqs = _ring_exchange(dcur, dnxt, rank, p, cfg.group)
             if reqs is not None:
                 for r in reqs:
                     r.wait()
@@ -204,13 +212,15 @@ _FN = None
 
 def ring_attention(q, k, v, *, scheme: str = "contiguous", causal: bool = False, valid_len: int | None = None,
                    tile: int | None = None, meter: BufferMeter | None = None, stats: dict | None = None,
-                   overlap: bool = True):
-    """Ring attention over the world's ranks on this rank's shards ``q, k, v`` of ``(heads, s/p, d)``.
+                   overlap: bool = True, group=None):
+    """Ring attention over the ranks of ``group`` (default: the world) on this rank's shards
+    ``q, k, v`` of ``(heads, s/p, d)``; ring position and ``p`` are this rank's in ``group``.
 
     Differentiable: ``backward`` runs the backward ring. ``scheme`` says which token positions
     each rank holds (the same on all ranks); ``valid_len`` hides padding keys; ``tile`` enables
     skipping of fully masked tiles; ``meter`` records the K/V buffers' lifetimes; ``stats`` (a
-    dict) receives per-step compute and wait times and tile counts.
+    dict) receives per-step compute and wait times and tile counts; ``overlap=False`` waits for
+    each transfer before computing (the baseline the overlap is measured against).
     """
     global _FN
     if q.dim() != 3 or k.shape != v.shape or q.shape != k.shape:
@@ -221,5 +231,5 @@ def ring_attention(q, k, v, *, scheme: str = "contiguous", causal: bool = False,
         raise ValueError(f"zigzag needs an even local shard length, got {q.shape[1]}")
     if _FN is None:
         _FN = _make_function()
-    cfg = RingConfig(scheme, causal, valid_len, tile, meter, {} if stats is None else stats, overlap)
+    cfg = RingConfig(scheme, causal, valid_len, tile, meter, {} if stats is None else stats, overlap, group)
     return _FN.apply(q, k, v, cfg)

@@ -4,7 +4,8 @@ Torch-free (numpy). Partitions of the sequence over ``p`` ranks (``contiguous``,
 ``zigzag``) and padding for a length that does not divide (:func:`partition_indices`,
 :func:`padded_length`); the causal work each rank does, in unmasked query/key pairs and in tiles
 (:func:`work_table`); and the cost models of the sections: K/V memory, ring bytes, all-gather and
-all-to-all (Ulysses) bytes, attention FLOPs (on :mod:`helpers.costs`). The ring itself is
+all-to-all (Ulysses) bytes, attention FLOPs, one ring step's compute against its transfer
+(:func:`ring_step_times`; on :mod:`helpers.costs`). The ring itself is
 :mod:`helpers.ring_attention`.
 """
 from __future__ import annotations
@@ -168,3 +169,25 @@ def attention_flops(s_q: int, s_k: int, n_heads: int, d_head: int, causal: bool 
     """Forward FLOPs of attention: ``q k^T`` and ``P v``, 2 FLOPs per multiply-add each (halved if causal)."""
     _nonneg(s_q=s_q, s_k=s_k, n_heads=n_heads, d_head=d_head)
     return float(costs.attention_flops(s_q, s_k, n_heads * d_head, causal))
+
+
+def ring_step_times(s: int, p: int, n_heads: int, d_head: int, flops_per_s: float, link_bytes_per_s: float,
+                    kv_heads: int | None = None, causal: bool = False, bytes_per: int = 2) -> dict:
+    """One ring step of one rank (12.3.2): attention compute of its s/p queries over one block of
+    s/p keys (:func:`attention_flops`, half when causal: the balanced average) and the transfer of
+    one K/V block of ``kv_heads`` heads (:func:`ring_bytes_per_rank` / (p-1)), in seconds.
+
+    ``hidden`` is True when compute is at least the transfer (the overlapped ring then costs
+    only its compute); the break-even is :func:`helpers.costs.ring_overlap_tokens` tokens per rank.
+    """
+    integer_at_least(p, "p")
+    if p < 2:
+        raise ValueError(f"a ring needs p >= 2 ranks, got p={p}")
+    kv = n_heads if kv_heads is None else kv_heads
+    if n_heads % kv:
+        raise ValueError(f"kv_heads={kv} must divide n_heads={n_heads}")
+    positive_number(flops_per_s, "flops_per_s")
+    positive_number(link_bytes_per_s, "link_bytes_per_s")
+    compute = attention_flops(s // p, s // p, n_heads, d_head, causal) / flops_per_s
+    transfer = ring_bytes_per_rank(s, p, kv, d_head, bytes_per) / costs.ring_steps("all_gather", p) / link_bytes_per_s
+    return {"compute_s": compute, "transfer_s": transfer, "hidden": compute >= transfer}

@@ -40,3 +40,24 @@ def test_marks_split_what_a_rank_recorded():
     for first, rest in run.results:
         assert first == [("all_reduce", 32, 2)]
         assert rest == [("broadcast", 32, 2), ("all_reduce", 32, 2)]
+
+
+def _in_a_subgroup():
+    import torch
+    import torch.distributed as dist
+
+    from helpers.commlog import mark, ops_since
+
+    sub = dist.new_group([0, 2])  # every rank creates it; ranks 0 and 2 use it
+    x = torch.ones(4)
+    m0 = mark()
+    if dist.get_rank() in (0, 2):
+        dist.all_reduce(x, group=sub)
+    dist.all_reduce(x)
+    return [(o.op, o.group_size, o.group_ranks) for o in ops_since(m0)]
+
+
+def test_the_log_names_each_call_s_group():
+    run = launch(_in_a_subgroup, world_size=3, quiet=True)
+    assert run.results[0] == run.results[2] == [("all_reduce", 2, (0, 2)), ("all_reduce", 3, (0, 1, 2))]
+    assert run.results[1] == [("all_reduce", 3, (0, 1, 2))]

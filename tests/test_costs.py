@@ -31,6 +31,26 @@ def test_alpha_beta_time():
     assert costs.alpha_beta_time(1, 1e9, 1.0, 1.0) == 0
 
 
+def test_hierarchical_all_reduce_time():
+    # one server: reduce-scatter + all-gather on the fast links = a ring all-reduce there
+    assert costs.hierarchical_all_reduce_time(8, 1, 800, 1.0, 100.0, 50.0, 1.0) == costs.alpha_beta_time(8, 800, 1.0, 100.0)
+    # one rank per server: a ring all-reduce over the servers' links
+    assert costs.hierarchical_all_reduce_time(1, 4, 800, 50.0, 1.0, 1.0, 100.0) == costs.alpha_beta_time(4, 800, 1.0, 100.0)
+    # 2 servers of 8, S = 1600 B: inside 2 x (7 alpha_i + 7/8 S / beta_i); across 2 alpha_o + 2 x 1/2 x S/8 / beta_o
+    want = 2 * (7 * 1.0 + 1400 / 100.0) + (2 * 3.0 + 200 / 10.0)
+    assert costs.hierarchical_all_reduce_time(8, 2, 1600, 1.0, 100.0, 3.0, 10.0) == pytest.approx(want, rel=1e-15)
+
+
+def test_ring_overlap_tokens():
+    # n = bytes F / (2 c g B): 2 x 1000 / (2 x 200) = 5 tokens; causal doubles it, 4 query heads per K/V head quarter it
+    assert costs.ring_overlap_tokens(1000.0, 200.0) == 5.0
+    assert costs.ring_overlap_tokens(1000.0, 200.0, causal=True) == 10.0
+    assert costs.ring_overlap_tokens(1000.0, 200.0, q_per_kv=4) == 1.25
+    assert costs.ring_overlap_tokens(1000.0, 200.0, bytes_per_value=4) == 10.0
+    # 12.3.2's example (989 TF/s, 600 GB/s): 1,648 tokens per rank; its 16,384 give compute/transfer ~ 9.9 per step
+    assert round(costs.ring_overlap_tokens(989e12, 600e9)) == 1648
+
+
 def test_activation_bytes_per_layer():
     # Korthikanti et al.: s b h (34 + 5 a s / h); TP s b h (10 + 24/t + 5 a s/(h t)); TP+SP s b h / t (34 + 5 a s / h)
     s, b, h, a = 16, 2, 32, 4
@@ -83,6 +103,9 @@ def test_bytes_per_param():
     (lambda: costs.layer_forward_flops(0, 8, 32, 4), "tokens must be an integer >= 1"),
     (lambda: costs.training_flops_per_token(0), "params must be a finite number > 0"),
     (lambda: costs.bytes_per_param("int4"), "unknown precision"),
+    (lambda: costs.ring_overlap_tokens(1e12, 1e9, q_per_kv=0), r"q_per_kv \(query heads per K/V head\) must be an integer >= 1"),
+    (lambda: costs.ring_overlap_tokens(1e12, 0), "link_bytes_per_s must be a finite number > 0"),
+    (lambda: costs.hierarchical_all_reduce_time(0, 2, 1.0, 0, 1, 0, 1), r"per_node \(ranks per server\) must be an integer >= 1"),
     (lambda: costs.bytes_per_param(optimizer="lion"), "unknown optimizer"),
 ])
 def test_bad_input(call, match):

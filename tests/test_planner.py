@@ -59,6 +59,21 @@ def test_model_counts():
         assert c["embedding, counted"] == c["embedding, Table 2"]
 
 
+def test_the_12_2_2_example_on_its_a100_cluster():
+    m = pl.book_175b()
+    assert sum(m.counted().values()) == 96 * 12 * 12288 ** 2 and m.total_params == 175e9 and m.seq_len == 2048
+    c = pl.a100_cluster(64)
+    assert (c.peak_flops, c.memory_bytes, c.intra_bw, c.inter_bw, c.devices_per_node) == (312e12, 80e9, 300e9, 25e9, 8)
+    # the section's layout (PP8 x DP8, no TP) cannot hold 12 layers' weights + gradients + Adam state (erratum 12.2.2-6)
+    book = pl.assess(m, c, 1024, pl.Layout(dp=8, pp=8, zero=1, micro_batch=4))
+    assert not book.ok and book.m == 32 and "GB per device" in book.reasons[0]
+    assert book.time["bubble"] == pytest.approx(7 / 32 * book.time["compute"])
+    # FSDP over all 64 GPUs fits only with full recomputation, which costs 4/3 of the compute
+    assert not pl.assess(m, c, 1024, pl.Layout(dp=64, zero=3, micro_batch=4)).ok
+    fsdp = pl.assess(m, c, 1024, pl.Layout(dp=64, zero=3, micro_batch=4, recompute="full"))
+    assert fsdp.ok and fsdp.time["compute"] == pytest.approx(4 / 3 * book.time["compute"])
+
+
 def test_rejections_name_the_constraint(h256):
     m = pl.book_70b()
 
