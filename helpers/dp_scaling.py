@@ -20,9 +20,10 @@ THROUGHPUT_SIZES = (64, 512, 512, 512, 1)
 
 def throughput_worker(global_batch: int = 512, sizes=THROUGHPUT_SIZES, steps: int = 5, warmup: int = 2, seed: int = 0):
     """DDP with AdamW on ``global_batch / N`` rows per rank, float32 (P.6). Returns the median
-    seconds per step (forward, backward with DDP's all-reduce, optimizer step), the median
-    seconds of one blocking all-reduce of all the gradients alone, the parameter count and the
-    bytes this rank holds (weights, gradients, moments). Gradients are views into DDP's buckets
+    seconds per step and of its parts (``compute_s``: forward and backward with DDP's
+    all-reduce; ``optimizer_s``: the AdamW step, which every replica repeats in full), the
+    median seconds of one blocking all-reduce of all the gradients alone, the parameter count
+    and the bytes this rank holds (weights, gradients, moments). Gradients are views into DDP's buckets
     (``gradient_as_bucket_view``), so they are not stored twice."""
     import statistics
     import time
@@ -41,15 +42,18 @@ def throughput_worker(global_batch: int = 512, sizes=THROUGHPUT_SIZES, steps: in
     X, y = make_batches(1, global_batch, features=sizes[0])
     mine = rank_rows(global_batch, rank, world)
     x, t = X[0][mine].float().to(device()), y[0][mine].float().to(device())
-    times = []
+    times = {"step": [], "compute": [], "optimizer": []}
     for k in range(integer_at_least(warmup, "warmup", 0) + integer_at_least(steps, "steps")):
         dist.barrier()
         start = time.perf_counter()
         opt.zero_grad(set_to_none=False)
         torch.nn.functional.mse_loss(ddp(x), t).backward()
+        mid = time.perf_counter()
         opt.step()
         if k >= warmup:
-            times.append(time.perf_counter() - start)
+            end = time.perf_counter()
+            for name, dt in (("step", end - start), ("compute", mid - start), ("optimizer", end - mid)):
+                times[name].append(dt)
     flat = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
     comm = []
     for _ in range(steps):
@@ -57,10 +61,32 @@ def throughput_worker(global_batch: int = 512, sizes=THROUGHPUT_SIZES, steps: in
         start = time.perf_counter()
         dist.all_reduce(flat)
         comm.append(time.perf_counter() - start)
-    step = statistics.median(times)
-    return {"world": world, "rows": mine.stop - mine.start, "step_s": step, "samples_per_s": global_batch / step,
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {"world": world, "rows": mine.stop - mine.start, "step_s": med["step"], "compute_s": med["compute"],
+            "optimizer_s": med["optimizer"], "samples_per_s": global_batch / med["step"],
             "allreduce_s": statistics.median(comm), "n_params": sum(p.numel() for p in model.parameters()),
             "held": measure_model_state(list(model.parameters()), opt)}
+
+
+def scaling_table(runs: dict, cores: int) -> list[dict]:
+    """Measured beside modelled for :func:`throughput_worker` runs on several world sizes
+    (``runs``: N -> Run, N = 1 included). Per N, with the slowest rank's figures (it sets the
+    pace): the measured step and samples per second, and the model
+    T(N) = compute(1) / N + optimizer(1) + all-reduce(N) (no overlap assumed), also with the
+    compute divided by min(N, ``cores``) only: N processes on fewer cores share them."""
+    from .costs import step_time
+
+    base = max(runs[1].results, key=lambda r: r["step_s"])
+    rows = []
+    for n, run in sorted(runs.items()):
+        r = max(run.results, key=lambda r: r["step_s"])
+        comm = r["allreduce_s"] if n > 1 else 0.0
+        model = step_time(base["compute_s"] / n + base["optimizer_s"], comm)
+        model_cores = step_time(base["compute_s"] / min(n, integer_at_least(cores, "cores")) + base["optimizer_s"], comm)
+        rows.append({"N": n, "rows per rank": r["rows"], "step_s": r["step_s"], "samples_per_s": r["samples_per_s"],
+                     "allreduce_s": r["allreduce_s"], "model_s": model, "model_cores_s": model_cores,
+                     "model_samples_per_s": base["rows"] / model_cores})
+    return rows
 
 
 def _regression(n: int, seed: int, features: int):
@@ -75,7 +101,18 @@ def train_epochs(batch: int, lr: float, epochs: int = 10, n: int = 2048, sizes=(
     """Plain SGD on one process, ``epochs`` passes over ``n`` examples in shuffled mini-batches
     of ``batch`` (P.6). Returns the number of optimizer steps and the loss on all ``n`` examples
     after each epoch (``inf`` once it overflowed or became NaN: a learning rate too large for
-    the batch)."""
+    the batch). Runs on one torch thread (tiny matrices: more threads only wait on each other)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _sgd_epochs(batch, lr, epochs, n, sizes, seed)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _sgd_epochs(batch, lr, epochs, n, sizes, seed):
     import math
 
     import torch

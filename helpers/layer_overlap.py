@@ -149,6 +149,28 @@ def prefetch_order(result) -> list[dict]:
     return rows
 
 
+def prefetch_plot(result, ax=None, title: str = ""):
+    """One rank's step of :func:`fsdp_prefetch_worker`: each layer's forward and backward
+    compute as bars, and below them FSDP2's all-gathers (AG i) and reduce-scatters (RS i) at
+    the moment they were issued (12.1.2)."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 2.2))
+    for (kind, i), (s, e) in result["compute"].items():
+        ax.barh(1, (e - s) * 1e3, left=s * 1e3, color=f"C{i}", edgecolor="k", alpha=0.5 if kind == "backward" else 1.0)
+        ax.text((s + e) / 2 * 1e3, 1, f"{kind[0].upper()}{i}", ha="center", va="center", fontsize=8)
+    for k, (op, layer, t) in enumerate(result["ops"]):
+        y = 0.35 if op == "all_gather" else -0.15
+        ax.plot([t * 1e3] * 2, [y - 0.15, y + 0.15], color=f"C{layer}" if layer is not None else "k")
+        ax.text(t * 1e3, y + 0.2 + 0.12 * (k % 2), f"{'AG' if op == 'all_gather' else 'RS'}{layer}", ha="center", fontsize=7)
+    ax.set_yticks([1, 0.35, -0.15], ["compute (F: forward, B: backward)", "all-gather issued", "reduce-scatter issued"], fontsize=8)
+    ax.set_ylim(-0.5, 1.6)
+    ax.set_xlabel("ms since the step began")
+    ax.set_title(title, fontsize=9)
+    return ax
+
+
 # ---- tensor parallelism: the all-reduce feeds the next layer (12.2.1) ------------------------------
 
 def _tp_problem(h, ffn, tokens, layers, micro_batches, seed):
@@ -190,11 +212,14 @@ def tp_chain_worker(h: int = 512, ffn: int = 128, tokens: int = 256, layers: int
     import torch
     import torch.distributed as dist
 
+    from .worker import device
+
     rank, world = dist.get_rank(), dist.get_world_size()
     cols = equal_parts(ffn, world, "the tensor-parallel degree {k} does not divide the FFN width {n}")[rank]
     A, B, xs = _tp_problem(h, ffn, tokens, layers, integer_at_least(micro_batches, "micro_batches"), seed)
-    A = [a[:, cols.start:cols.stop].contiguous() for a in A]
-    B = [b[cols.start:cols.stop].contiguous() for b in B]
+    A = [a[:, cols.start:cols.stop].contiguous().to(device()) for a in A]
+    B = [b[cols.start:cols.stop].contiguous().to(device()) for b in B]
+    xs = [x.to(device()) for x in xs]
 
     def partial(x, layer):
         with span("compute"):
@@ -226,3 +251,21 @@ def tp_chain_worker(h: int = 512, ffn: int = 128, tokens: int = 256, layers: int
             for layer in range(layers):
                 land(m, launch(partial(xs[m], layer)))  # launched and waited at once: nothing else to do
     return {"out": xs, "wall_s": now() - t0}
+
+
+def _union(intervals):
+    out = []
+    for s, e in sorted(intervals):
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return out
+
+
+def busy_together(spans, a: str = "compute", b: str = "all-reduce") -> float:
+    """Seconds during which some span named ``a`` and some span named ``b`` ran at the same time
+    on one rank (``run.spans[r]``): the communication that computation actually covered (12.2.1)."""
+    xs = _union((s.start, s.end) for s in spans if s.name == a)
+    ys = _union((s.start, s.end) for s in spans if s.name == b)
+    return sum(max(0.0, min(e1, e2) - max(s1, s2)) for s1, e1 in xs for s2, e2 in ys)

@@ -138,8 +138,10 @@ def _train(model, sync, steps, batch, lr, sizes):
     import torch
     import torch.distributed as dist
 
+    from .worker import device
+
     opt = torch.optim.SGD(model.parameters(), lr=lr)
-    X, y = make_batches(steps, batch, features=sizes[0])
+    X, y = (t.to(device()) for t in make_batches(steps, batch, features=sizes[0]))
     mine = rank_rows(batch, dist.get_rank(), dist.get_world_size())
     reported = []
     for k in range(steps):
@@ -158,7 +160,9 @@ def hand_ddp_worker(bucket_bytes: int, steps: int = 3, batch: int = 32, lr: floa
     """Train the P.6 MLP with :class:`GradBuckets` (P.6). Returns the final parameters, the last
     step's averaged gradients, ``per_step`` (the bucket sizes each step launched) and
     ``bucket_bytes`` as asked."""
-    model = make_model(seed, sizes)
+    from .worker import device
+
+    model = make_model(seed, sizes).to(device())
     buckets = GradBuckets(model.parameters(), bucket_bytes, overlap=overlap)
     out = _train(model, lambda m: buckets.finish(), steps, batch, lr, sizes)
     return {**out, "bucket_bytes": buckets.cap}
@@ -171,7 +175,9 @@ def ddp_worker(bucket_cap_mb: float | None = None, steps: int = 3, batch: int = 
     its buckets after the first step (``_get_ddp_logging_data``)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    ddp = DDP(make_model(seed, sizes), bucket_cap_mb=bucket_cap_mb)
+    from .worker import device
+
+    ddp = DDP(make_model(seed, sizes).to(device()), bucket_cap_mb=bucket_cap_mb)
     out = _train(ddp, lambda m: [o.bytes for o in ops_since(m) if o.op == "all_reduce"], steps, batch, lr, sizes)
     data = ddp._get_ddp_logging_data()
     return {**out, "rebuilt": str(data.get("rebuilt_bucket_sizes", "")), "initial": str(data.get("bucket_sizes", ""))}
@@ -328,3 +334,18 @@ def timed_steps(run, rank: int = 0) -> list[dict]:
         out.append({"mode": s.name.split(":", 1)[1], "start": s.start, "end": s.end, "spans": inside,
                     "issued": [o.t - s.start for o in ops if s.start <= o.t <= s.end]})
     return out
+
+
+def timing_table(result) -> list[dict]:
+    """Measured beside modelled for one rank's :func:`overlap_timing_worker` result (P.6): per
+    mode the measured step, and the model from the two parts measured alone, compute (forward +
+    backward) and communication (the buckets back to back): compute + comm one after the other,
+    and with the backward as the window the communication can hide under
+    (:func:`helpers.costs.step_time`; max(compute, comm) if the window were all the compute)."""
+    from .costs import step_time
+
+    m = result["modes"]
+    compute, comm, backward = m["compute"]["forward"] + m["compute"]["backward"], m["comm"]["step"], m["compute"]["backward"]
+    model = {"compute": compute, "comm": comm, "sequential": step_time(compute, comm),
+             "overlapped": step_time(compute, comm, min(backward, compute))}
+    return [{"mode": k, "measured_s": m[k]["step"], "model_s": model[k], "wait_s": m[k]["wait"]} for k in m]

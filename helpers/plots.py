@@ -106,7 +106,8 @@ def lanes(rows: dict, lanes: dict, ax=None, title: str = "", unit: float = 1e3):
     same time is seen side by side instead of hidden under another bar).
 
     ``rows`` maps a label (e.g. "rank 0, overlapped") to {span name: [(start, end), ...]} in
-    seconds; ``lanes`` maps a lane label to the span names drawn in it. Times are shown in ms
+    seconds, or to a list of :class:`helpers.commlog.Span` (as in ``run.spans[r]``); ``lanes``
+    maps a lane label to the span names drawn in it. Times are shown in ms
     (``unit``). Concurrent spans of one lane are drawn half height, alternating, so each stays visible.
     """
     import matplotlib.pyplot as plt
@@ -119,6 +120,11 @@ def lanes(rows: dict, lanes: dict, ax=None, title: str = "", unit: float = 1e3):
         _, ax = plt.subplots(figsize=(9, 0.4 + 0.32 * n_lanes * len(rows)))
     ticks, labels = [], []
     for g, (label, spans) in enumerate(rows.items()):
+        if isinstance(spans, (list, tuple)):
+            grouped = {}
+            for sp in spans:
+                grouped.setdefault(sp.name, []).append((sp.start, sp.end))
+            spans = grouped
         for k, (lane, members) in enumerate(lanes.items()):
             y = g * (n_lanes + 0.6) + k
             ticks.append(y), labels.append(f"{label}: {lane}")
@@ -129,7 +135,7 @@ def lanes(rows: dict, lanes: dict, ax=None, title: str = "", unit: float = 1e3):
                         color=colors[n], edgecolor="k", linewidth=0.4)
     ax.set_yticks(ticks, labels, fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel("ms since the step began")
+    ax.set_xlabel("ms")
     ax.set_title(title)
     ax.legend(handles=[Patch(color=colors[n], label=n) for n in names], loc="lower right", fontsize=8)
     return ax

@@ -90,7 +90,7 @@ def test_bad_input(call, match):
 
 # ---- the hand-written bucketed step against DDP and one process (2 ranks) ---------------------
 
-@pytest.mark.parametrize("cap", [512, 4096])
+@pytest.mark.parametrize("cap", [264, 4096])  # 264 = 8 + 256: a bucket exactly at its cap closes
 def test_hand_buckets_equal_ddp_and_one_process(cap):
     ref = ov.reference_training()
     hand = launch(ov.hand_ddp_worker, cap, world_size=2, quiet=True)
@@ -200,3 +200,32 @@ def test_train_epochs_counts_steps_and_reports_divergence():
     assert small["steps"] == 8 and len(small["losses"]) == 2 and all(math.isfinite(x) for x in small["losses"])
     blown = dps.train_epochs(64, 100.0, epochs=3, n=64)["losses"]
     assert blown[-1] > 1e6 * small["losses"][-1]  # a learning rate far too large for the batch
+
+
+def test_busy_together_counts_the_union_once():
+    from helpers.commlog import Span
+
+    spans = [Span("compute", 0, 4), Span("compute", 6, 8), Span("all-reduce", 3, 7), Span("all-reduce", 3.5, 5)]
+    assert lo.busy_together(spans) == pytest.approx(1 + 1)  # [3, 4] and [6, 7]
+    assert lo.busy_together(spans, "compute", "wait") == 0
+
+
+# ---- P.6's exercises 4 and 5 ------------------------------------------------------------------
+
+def test_exercise_checks_accept_the_answer_and_name_what_is_wrong(capsys):
+    from helpers.exercises import NotAnswered, p06
+
+    p06.ex4(350)
+    with pytest.raises(AssertionError, match="off by more than"):
+        p06.ex4(550)  # compute + comm: no overlap at all
+    with pytest.raises(NotAnswered):
+        p06.ex5(None)
+    right = launch(ov.hand_ddp_worker, 300, world_size=2, quiet=True)  # any cap in 265..520 gives 3 buckets
+    p06.ex5(right)
+    assert "3 all-reduces per step on both ranks with 300-byte buckets" in capsys.readouterr().out
+    with pytest.raises(AssertionError, match="issued 2 all-reduces, not 3"):
+        p06.ex5(launch(ov.hand_ddp_worker, 4096, world_size=2, quiet=True))
+    with pytest.raises(AssertionError, match="not its results"):
+        p06.ex5(right.results)
+    with pytest.raises(AssertionError, match="asks for 2 ranks"):
+        p06.ex5(launch(ov.hand_ddp_worker, 300, world_size=4, quiet=True))
