@@ -44,11 +44,9 @@ def ddp_bucket_caps(bucket_cap_mb: float | None = None) -> tuple[int, int]:
 
 
 def cap_mb(bucket_bytes: int) -> float:
-    """``bucket_cap_mb`` for DDP that means exactly ``bucket_bytes`` (ValueError if no float does)."""
-    b = integer_at_least(bucket_bytes, "bucket_bytes (the bucket size in bytes)")
-    if int(b / MIB * MIB) != b:  # pragma: no cover - every int below 2**53 round-trips
-        raise ValueError(f"{b} bytes has no exact bucket_cap_mb")
-    return b / MIB
+    """``bucket_cap_mb`` for DDP that means exactly ``bucket_bytes`` (a power-of-two division, so
+    DDP's ``int(bucket_cap_mb * MiB)`` gives the bytes back)."""
+    return integer_at_least(bucket_bytes, "bucket_bytes (the bucket size in bytes)") / MIB
 
 
 class GradBuckets:
@@ -67,6 +65,8 @@ class GradBuckets:
         self.params = [p for p in params if p.requires_grad]
         if not self.params:
             raise ValueError("GradBuckets needs at least one parameter that requires a gradient")
+        if len({(p.dtype, p.device) for p in self.params}) > 1:
+            raise ValueError("GradBuckets flattens a bucket into one tensor: every parameter needs the same dtype and device")
         self.cap = integer_at_least(bucket_bytes, "bucket_bytes (the bucket size in bytes)")
         self.overlap, self.group = bool(overlap), group
         self.enabled = True  # False: the hooks ignore gradients (to time backward alone)

@@ -79,6 +79,8 @@ def test_ddp_bucket_caps():
     (lambda: ov.GradBuckets(dp.make_model().parameters(), 1024.0), "must be an integer >= 1"),
     (lambda: ov.GradBuckets(dp.make_model().parameters(), True), "must be an integer >= 1"),
     (lambda: ov.GradBuckets([], 1024), "at least one parameter"),
+    (lambda: ov.GradBuckets(list(dp.make_model().parameters()) + list(dp.make_model().float().parameters()), 1024),
+     "same dtype and device"),
     (lambda: lo.layer_bytes((8, 6, 8), world=4), "does not divide the output width 6"),
     (lambda: lo.layer_bytes((8, 8, 8), world=2), "equal parameter bytes"),
     (lambda: dps.train_epochs(48, 0.1, n=64), "must divide the 64 examples"),
