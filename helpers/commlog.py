@@ -270,6 +270,22 @@ def as_tuples(ops) -> list[tuple[str, int, int]]:
     return [(o.op, o.bytes, o.group_size) for o in ops]
 
 
+def now() -> float:
+    """The clock of spans and operations: seconds since this rank's job started (inside a job
+    started by :func:`helpers.launcher.launch`), ``time.perf_counter()`` outside one."""
+    return _ACTIVE.now() if _ACTIVE is not None else time.perf_counter()
+
+
+def add_span(name: str, start: float, end: float) -> None:
+    """Record a span measured by hand, on :func:`now`'s clock: for a stretch that no ``with``
+    block can enclose, e.g. an asynchronous all-reduce from its issue to its completion, which a
+    gloo thread reports (P.6). A no-op outside a launched job; ValueError if ``end < start``."""
+    if end < start:
+        raise ValueError(f"a span must not end before it starts: start {start}, end {end}")
+    if _ACTIVE is not None:
+        _ACTIVE.spans.append(Span(name, start, end))
+
+
 @contextmanager
 def span(name: str):
     """Time a named stretch of work on this rank: ``with span("compute"): ...``.

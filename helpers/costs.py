@@ -152,6 +152,73 @@ def moe_all_to_all_sent(tokens: int, top_k: int, hidden: int, ep: int, bytes_per
     return payload * probability(remote_share, "remote_share")
 
 
+# ---- communication hidden under computation (P.6, 12.1.2, 12.4.1) -------------------------------
+
+def exposed_comm(comm_s: float, window_s: float) -> float:
+    """Seconds of a communication of ``comm_s`` that no computation hides, when ``window_s`` seconds
+    of independent computation can run beside it: max(0, comm - window) (P.6: 70 ms with 60 ms of
+    backward to hide under leaves 10 ms exposed)."""
+    comm_s = positive_number(comm_s, "comm_s", allow_zero=True)
+    return max(0.0, comm_s - positive_number(window_s, "window_s", allow_zero=True))
+
+
+def step_time(compute_s: float, comm_s: float, window_s: float = 0.0) -> float:
+    """A step of ``compute_s`` of computation and ``comm_s`` of communication, of which
+    ``window_s`` seconds of computation can run beside the communication (P.6):
+    compute + :func:`exposed_comm`. ``window_s = 0`` gives compute + comm (no overlap, the book's
+    400 + 70 = 470 ms); ``window_s = compute_s`` gives max(compute, comm) (perfect overlap). The
+    window is part of the compute, so it cannot exceed it (ValueError)."""
+    compute_s = positive_number(compute_s, "compute_s", allow_zero=True)
+    if positive_number(window_s, "window_s", allow_zero=True) > compute_s:
+        raise ValueError(f"the overlap window ({window_s} s) is part of the compute and cannot exceed it ({compute_s} s)")
+    return compute_s + exposed_comm(comm_s, window_s)
+
+
+def bucketed_finish(ready_s, comm_s) -> float:
+    """When the last of a sequence of bucket all-reduces ends (P.6): bucket i can start once its
+    last gradient is ready (``ready_s[i]``) and the previous bucket's all-reduce has ended (one
+    link), and takes ``comm_s[i]``: f_i = max(ready_i, f_(i-1)) + comm_i. The exposed
+    communication of a backward pass that ends at ``end`` is max(0, f_last - end)."""
+    ready, comm = list(ready_s), list(comm_s)
+    if not ready or len(ready) != len(comm):
+        raise ValueError(f"ready_s and comm_s must be non-empty and of equal length, got {len(ready)} and {len(comm)}")
+    finish = 0.0
+    for r, c in zip(ready, comm):
+        finish = max(positive_number(r, "a ready time", allow_zero=True), finish) + positive_number(c, "a bucket's comm time", allow_zero=True)
+    return finish
+
+
+def linear_scaled_lr(base_lr: float, base_batch: int, batch: int) -> float:
+    """The linear scaling rule (Goyal et al. 2017; P.6): when the batch grows k-fold, multiply the
+    learning rate by k, so that one step on a k times larger batch moves the weights about as far
+    as k steps did: base_lr x batch / base_batch."""
+    base_lr = positive_number(base_lr, "base_lr")
+    return base_lr * integer_at_least(batch, "batch") / integer_at_least(base_batch, "base_batch")
+
+
+def bucket_assignment(sizes_bytes, cap_bytes: int, first_cap_bytes: int | None = None) -> list[list[int]]:
+    """Which gradients share a bucket (P.6; PyTorch DDP's rule): take the gradients in the order
+    they become ready in backward (``sizes_bytes`` in that order), add each to the open bucket,
+    and close the bucket as soon as it holds >= its cap; the first bucket's cap is
+    ``first_cap_bytes`` (default: the same cap), the last bucket takes what is left. Returns the
+    buckets as lists of positions into ``sizes_bytes``; the number of all-reduces per step is
+    their number."""
+    cap = integer_at_least(cap_bytes, "cap_bytes (the bucket size in bytes)")
+    limit = cap if first_cap_bytes is None else integer_at_least(first_cap_bytes, "first_cap_bytes")
+    buckets, current, held = [], [], 0
+    for i, s in enumerate(sizes_bytes):
+        current.append(i)
+        held += integer_at_least(s, "a gradient's size in bytes")
+        if held >= limit:
+            buckets.append(current)
+            current, held, limit = [], 0, cap
+    if current:
+        buckets.append(current)
+    if not buckets:
+        raise ValueError("sizes_bytes must list at least one gradient")
+    return buckets
+
+
 # ---- activation memory per layer (Korthikanti et al. 2022; 12.3.1) ------------------------------
 
 def _shape(s, b, h):

@@ -96,7 +96,8 @@ def measure_model_state(params, optimizer=None, master=None) -> dict[str, int]:
     ``params`` are the model's parameters (their ``.grad`` count as gradients); ``master`` the
     fp32 copies a mixed-precision recipe keeps (if any); ``optimizer`` a torch optimizer whose
     per-parameter state tensors (Adam's ``exp_avg`` and ``exp_avg_sq``...) count as moments.
-    Scalar step counters are reported apart as ``counters``.
+    The optimizer's step counters (state key ``"step"``) are reported apart as ``counters``; a
+    one-element moment (of a one-element bias) stays a moment.
     """
     import torch
 
@@ -104,9 +105,9 @@ def measure_model_state(params, optimizer=None, master=None) -> dict[str, int]:
     moments, counters = [], []
     if optimizer is not None:
         for state in optimizer.state.values():
-            for v in state.values():
+            for k, v in state.items():
                 if isinstance(v, torch.Tensor):
-                    (counters if v.numel() == 1 else moments).append(v)
+                    (counters if k == "step" else moments).append(v)
     return {
         "weights": tensor_bytes(params),
         "gradients": tensor_bytes(p.grad for p in params),
