@@ -1,5 +1,5 @@
 """Exercise checks for 12.3.1 (sequence parallelism)."""
-from . import check_int, check_number, check_run, reject
+from . import check_int, check_number, check_run, reject, require
 from ..costs import activation_bytes_per_layer
 
 

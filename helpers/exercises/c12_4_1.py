@@ -1,5 +1,5 @@
 """Exercise checks for 12.4.1 (rules of thumb for choosing a mix)."""
-from . import check_number, check_pipeline_order, check_run, check_true, reject
+from . import check_number, check_pipeline_order, check_run, check_true, reject, require
 from ..costs import ring_bytes_sent
 from ..memory import GB, per_device_bytes
 from ..pipeline_schedule import bubble_formula
