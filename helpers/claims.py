@@ -14,7 +14,10 @@ section, numeric or qualitative:
 * ``where``: the heading (markdown ``#`` line, without the hashes) of the notebook cell that
   shows the claim; a test checks that it exists in the section's notebook.
 * ``found_by``: ``first`` (our audit, when the notebooks were written), ``second`` (only the
-  independent second audit, made from the chapter text alone, found it) or ``both``.
+  independent second audit, made from the chapter text alone, found it) or ``both``. A row the
+  second audit found cites its id (``12.2.1-A17``, several as ``12.2.1-A17, A18``) in ``why``;
+  the second audit itself is kept in ``data/audit/<section>.csv`` so that the reconciliation can
+  be checked: every claim it lists is cited by a ledger row (:func:`uncited_audit_ids`).
 
 The errata are the ledger's rows whose verdict says the book is off (:data:`ERRATA_VERDICTS`);
 :mod:`helpers.errata` renders them from here, so there is one source of truth.
@@ -32,8 +35,10 @@ ERRATA_VERDICTS = ("wrong", "inconsistent", "ambiguous", "rounding")
 FOUND_BY = ("first", "second", "both")
 ROOT = Path(__file__).resolve().parent.parent
 CLAIMS_DIR = ROOT / "data" / "claims"
+AUDIT_DIR = ROOT / "data" / "audit"
 NOTEBOOKS = ROOT / "notebooks"
 _SECTION = re.compile(r"P\.\d+|12\.\d\.\d")
+_AUDIT_REF = re.compile(r"(P\.\d+|12\.\d\.\d)-A(\d+)((?:\s*(?:,|and|&|/|\+)\s*A\d+)*)")
 
 
 def load_file(path: Path | str) -> list[dict[str, str]]:
@@ -159,3 +164,24 @@ def readme_table(rows=None) -> str:
         second = sum(r["found_by"] == "second" for r in rs)
         lines.append(f"| {name} | {len(rs)} | " + " | ".join(str(c[v]) for v in VERDICTS) + f" | {second} |\n")
     return head + "".join(lines)
+
+
+def cited_audit_ids(row: dict[str, str]) -> set[str]:
+    """The second audit's ids a ledger row cites (``12.2.1-A17, A18`` counts as two)."""
+    out = set()
+    for m in _AUDIT_REF.finditer(row["why"] + " " + row["our_value"]):
+        out.add(f"{m.group(1)}-A{m.group(2)}")
+        out.update(f"{m.group(1)}-A{n}" for n in re.findall(r"A(\d+)", m.group(3)))
+    return out
+
+
+def uncited_audit_ids(rows=None, audit_dir: Path | str = AUDIT_DIR) -> list[str]:
+    """The second audit's claims (``data/audit/*.csv``) that no ledger row cites: what the
+    reconciliation missed. Empty when every claim either audit found is in the ledger."""
+    rows = load() if rows is None else rows
+    cited = set().union(*(cited_audit_ids(r) for r in rows)) if rows else set()
+    listed = []
+    for p in sorted(Path(audit_dir).glob("*.csv")):
+        with open(p, newline="", encoding="utf-8") as f:
+            listed += [r["id"] for r in csv.DictReader(f)]
+    return [i for i in listed if i not in cited]

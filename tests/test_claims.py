@@ -71,3 +71,58 @@ def test_headings_are_read_from_markdown_cells(tmp_path):
                     {"cell_type": "code", "source": ["# not a heading\n"]}]}
     (tmp_path / "x.ipynb").write_text(json.dumps(nb))
     assert claims.headings(tmp_path / "x.ipynb") == ["P.6 Title", "2. Why it is exact"]
+
+
+# ---- the ledger itself --------------------------------------------------------------------------
+
+import json  # noqa: E402
+import re  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted(p for p in (ROOT / "notebooks").rglob("*.ipynb") if ".ipynb_checkpoints" not in str(p))
+
+
+def _section_of(nb: Path) -> str:
+    first = next(c for c in json.loads(nb.read_text())["cells"] if c["cell_type"] == "markdown")
+    return re.search(r"\b(P\.\d+|12\.\d\.\d)\b", "".join(first["source"])).group(1)
+
+
+def test_every_notebook_has_a_ledger_of_its_own_section_and_no_ledger_is_orphaned():
+    stems = {p.stem for p in NOTEBOOKS}
+    files = {p.stem for p in claims.CLAIMS_DIR.glob("*.csv")}
+    assert files == stems
+    for nb in NOTEBOOKS:
+        rows = claims.load_file(claims.CLAIMS_DIR / f"{nb.stem}.csv")
+        assert rows and {r["section"] for r in rows} == {_section_of(nb)}, nb.stem
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_where_is_a_heading_and_the_notebook_ends_with_its_ledger(nb):
+    heads = set(claims.headings(nb))
+    missing = [(r["id"], r["where"]) for r in claims.load_file(claims.CLAIMS_DIR / f"{nb.stem}.csv")
+               if r["where"] not in heads]
+    assert not missing, f"'where' names no heading of {nb.name}: {missing}"
+    cells = json.loads(nb.read_text())["cells"]
+    last_heading = [c for c in cells if c["cell_type"] == "markdown" and "".join(c["source"]).lstrip().startswith("#")][-1]
+    assert "".join(last_heading["source"]).lstrip().splitlines()[0].strip() == "## Claims ledger", nb.name
+    code = "".join("".join(c["source"]) for c in cells[cells.index(last_heading):] if c["cell_type"] == "code")
+    assert f'claims.show_ledger("{_section_of(nb)}")' in code, nb.name
+
+
+def test_every_claim_of_the_second_audit_is_in_the_ledger_and_rows_say_who_found_them():
+    rows = claims.load()
+    assert claims.uncited_audit_ids(rows) == []
+    wrong_origin = [r["id"] for r in rows if (r["found_by"] != "first") != bool(claims.cited_audit_ids(r))]
+    assert wrong_origin == [], "a row found by the second audit must cite its id, and only such rows"
+
+
+def test_an_uncited_audit_claim_is_reported(tmp_path):
+    (tmp_path / "P.6.csv").write_text("id,claim\nP.6-A1,x\nP.6-A2,y\nP.6-A3,z\n")
+    rows = [_row(found_by="both", why="(audit P.6-A1, A3)")]
+    assert claims.cited_audit_ids(rows[0]) == {"P.6-A1", "P.6-A3"}
+    assert claims.uncited_audit_ids(rows, tmp_path) == ["P.6-A2"]
+
+
+def test_the_readme_states_the_ledger_counts():
+    assert claims.readme_table() in (ROOT / "README.md").read_text()
