@@ -12,6 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import costs
+from .validate import integer_at_least
+
 
 # ---- numpy: the ring, step by step -----------------------------------------------------------
 
@@ -91,30 +94,26 @@ def bytes_sent_per_device(states: list[RingStep], bytes_per_element: int = 8) ->
 # ---- the α-β model -----------------------------------------------------------------------------
 
 def ring_allreduce_bytes(n: int, size_bytes: float) -> float:
-    """Bytes each device sends in a ring all-reduce of ``size_bytes``: 2(N-1)/N * S (P.7)."""
-    if n < 1:
-        raise ValueError(f"need N >= 1 devices, got {n}")
-    if size_bytes < 0:
-        raise ValueError(f"message size must be >= 0, got {size_bytes}")
-    return 2 * (n - 1) / n * size_bytes
+    """Bytes each device sends in a ring all-reduce of ``size_bytes``: 2(N-1)/N * S (P.7;
+    :func:`helpers.costs.allreduce_bytes`)."""
+    return costs.allreduce_bytes(n, size_bytes)
 
 
 def alpha_beta_time(n: int, size_bytes, alpha: float, beta: float):
-    """T = 2(N-1) α + 2(N-1)/N · S / β (P.7): α seconds per step, β bytes per second per link."""
-    if alpha < 0 or beta <= 0:
-        raise ValueError(f"need alpha >= 0 and beta > 0, got alpha={alpha}, beta={beta}")
-    size_bytes = np.asarray(size_bytes, dtype=float)
-    return 2 * (n - 1) * alpha + ring_allreduce_bytes(n, 1.0) * size_bytes / beta
+    """T = 2(N-1) α + 2(N-1)/N · S / β (P.7): α seconds per step, β bytes per second per link.
+
+    ``size_bytes`` may be a number, a list or an array (:func:`helpers.costs.alpha_beta_time`).
+    """
+    return costs.alpha_beta_time(n, np.asarray(size_bytes, dtype=float), alpha, beta)
 
 
 def fit_alpha_beta(n: int, sizes_bytes, times_s) -> tuple[float, float]:
     """Least-squares α (s) and β (bytes/s) of the ring model from measured all-reduce times."""
     sizes_bytes, times_s = np.asarray(sizes_bytes, float), np.asarray(times_s, float)
-    if n < 2:
-        raise ValueError(f"fitting needs N >= 2 devices, got {n}")
+    integer_at_least(n, "N (fitting needs two devices or more)", 2)
     if sizes_bytes.shape != times_s.shape or len(sizes_bytes) < 2:
         raise ValueError("need at least two (size, time) pairs of equal length")
-    A = np.column_stack([np.full_like(sizes_bytes, 2 * (n - 1)), ring_allreduce_bytes(n, 1.0) * sizes_bytes])
+    A = np.column_stack([np.full_like(sizes_bytes, costs.ring_steps("all_reduce", n)), ring_allreduce_bytes(n, 1.0) * sizes_bytes])
     (alpha, inv_beta), *_ = np.linalg.lstsq(A, times_s, rcond=None)
     if inv_beta <= 0:
         raise ValueError("the fitted bandwidth term is not positive: measure larger messages")
@@ -189,8 +188,7 @@ def time_allreduce_worker(sizes_bytes=(1 << 10, 1 << 16, 1 << 20, 1 << 22), repe
 
     from .worker import device
 
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    integer_at_least(repeats, "repeats")
     out = {}
     for size in sizes_bytes:
         x = torch.ones(max(1, int(size) // 4), device=device())

@@ -169,6 +169,50 @@ def memory_bars(per_device: dict, hbm_bytes: float | None = None, ax=None, title
     return ax
 
 
+def lanes(rows: dict, lanes: dict, ax=None, title: str = "", unit: float = 1e3):
+    """Spans drawn in lanes: one group of rows per entry of ``rows``, one lane per entry of
+    ``lanes`` (P.6, 12.1.2, 12.2.1: compute above, communication below, so that what runs at the
+    same time is seen side by side instead of hidden under another bar).
+
+    ``rows`` maps a label (e.g. "rank 0, overlapped") to {span name: [(start, end), ...]} in
+    seconds, or to a list of :class:`helpers.commlog.Span` (as in ``run.spans[r]``); ``lanes``
+    maps a lane label to the span names drawn in it. Times are shown in ms (``unit``). Concurrent
+    spans of one lane are drawn half height, alternating, so each stays visible. The legend sits
+    outside, right of the bars.
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    names = [n for ns in lanes.values() for n in ns]
+    colors = span_colors(names)  # forward/backward in PHASE_COLORS, as in timeline
+    n_lanes = len(lanes)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 0.4 + 0.32 * n_lanes * len(rows)))
+    ticks, labels = [], []
+    for g, (label, spans) in enumerate(rows.items()):
+        if isinstance(spans, (list, tuple)):
+            grouped = {}
+            for sp in spans:
+                grouped.setdefault(sp.name, []).append((sp.start, sp.end))
+            spans = grouped
+        for k, (lane, members) in enumerate(lanes.items()):
+            y = g * (n_lanes + 0.6) + k
+            ticks.append(y), labels.append(f"{label}: {lane}")
+            bars = sorted((s, e, n) for n in members for s, e in spans.get(n, []))
+            for i, (s, e, n) in enumerate(bars):
+                busy = i > 0 and s < bars[i - 1][1]
+                ax.barh(y + (0.2 if busy else 0), (e - s) * unit, left=s * unit,
+                        height=0.4 if busy else 0.8, color=colors[n], edgecolor="k", linewidth=0.4)
+    ax.set_yticks(ticks, labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("ms")
+    ax.set_title(title)
+    # outside the axes, to the right: a legend inside would cover the bars
+    ax.legend(handles=[Patch(color=colors[n], label=n) for n in names], loc="upper left",
+              bbox_to_anchor=(1.01, 1.0), fontsize=8, borderaxespad=0)
+    return ax
+
+
 # ---- figures and controls ----------------------------------------------------------------------
 
 

@@ -55,9 +55,9 @@ def test_fit_recovers_alpha_and_beta_from_model_data():
     [
         (lambda: C.ring_allreduce_steps(np.ones((4, 6))), "4 devices do not divide a message of 6"),
         (lambda: C.ring_allreduce_steps(np.ones((1, 4))), "at least 2 devices"),
-        (lambda: C.ring_allreduce_bytes(0, 10), "N >= 1"),
-        (lambda: C.ring_allreduce_bytes(4, -1), "message size must be >= 0"),
-        (lambda: C.alpha_beta_time(4, 1.0, alpha=1e-6, beta=0), "beta > 0"),
+        (lambda: C.ring_allreduce_bytes(0, 10), "group size N must be an integer >= 1"),
+        (lambda: C.ring_allreduce_bytes(4, -1), "payload_bytes must be a finite number >= 0"),
+        (lambda: C.alpha_beta_time(4, 1.0, alpha=1e-6, beta=0), r"beta \(bytes/s per link\) must be a finite number > 0"),
         (lambda: C.fit_alpha_beta(4, [1.0], [1.0]), "at least two"),
     ],
 )

@@ -32,7 +32,7 @@ def test_model_pieces():
     assert len(ppl.layer_ranges(8, 2, 2)) == 4
     with pytest.raises(ValueError, match="must divide the 8 layers"):
         ppl.layer_ranges(8, 3)
-    with pytest.raises(ValueError, match="integers >= 1"):
+    with pytest.raises(ValueError, match="n_layers must be an integer >= 1"):
         ppl.make_layers(0)
     grads, loss = ppl.reference_grads()
     assert sorted(grads) == list(range(8)) and grads[7][0].shape == (1, 16) and loss > 0

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from helpers import tensor_parallel as tp
+from helpers import tp_block
 from helpers import tp_numpy as tn
 from helpers.launcher import RankError, launch
 
@@ -161,7 +162,7 @@ def test_single_process_block_and_torch_block_equal_the_reference(reference):
     assert _max_diff(blk(x), reference["out"]) < 1e-13
     assert _max_diff(tp.TorchBlock(tp.make_block_params(CFG), CFG)(x), reference["out"]) < 1e-13
     W = torch.arange(24.0).reshape(2, 12)
-    assert torch.equal(tp._qkv_from_colwise(tp.qkv_for_colwise(W, 2), 2), W)
+    assert torch.equal(tp_block._qkv_from_colwise(tp.qkv_for_colwise(W, 2), 2), W)
     assert tp.qkv_for_colwise(W, 2)[0, :6].tolist() == [0, 1, 4, 5, 8, 9]  # rank 0: its half of Q, K, V
 
 
@@ -193,10 +194,10 @@ def test_book_numbers_of_the_cost_model():
     (lambda: tp.BlockConfig(h=30, heads=4), r"hidden size h \(30\)"),
     (lambda: tp.BlockConfig(p_drop=1.0), r"p_drop must be in \[0, 1\)"),
     (lambda: tp.column_shard(torch.ones(4, 6), 0, 4), r"output width of a column-parallel layer \(6\)"),
-    (lambda: tp.row_shard(torch.ones(6, 4), 4, 4), r"rank must be in \[0, 4\)"),
+    (lambda: tp.row_shard(torch.ones(6, 4), 4, 4), r"rank must be an integer in \[0, 4\)"),
     (lambda: tp.position_dropout_mask(0, 0, range(2), 1, 1, -0.1), r"p must be in \[0, 1\)"),
     (lambda: tp.layer_forward_flops(8, 1, 8, 32, 2, mlp_matrices=4), "mlp_matrices must be 2"),
-    (lambda: tp.tp_layer_times(8, 1, 8, 32, 2, 0, 1e9), "flops_per_s > 0"),
+    (lambda: tp.tp_layer_times(8, 1, 8, 32, 2, 0, 1e9), "flops_per_s must be a finite number > 0"),
     (lambda: tp.allreduce_bytes_per_device(8, 1, 8, 0), "integer >= 1"),
 ])
 def test_bad_input_is_rejected_with_the_constraint(call, match):

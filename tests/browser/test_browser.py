@@ -170,7 +170,9 @@ def lab(tmp_path_factory):
         proc = subprocess.Popen(
             [str(ROOT / "workbook"), "lab", "--no-browser", "--allow-root", "--ServerApp.ip=127.0.0.1",
              f"--ServerApp.port={port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
-             "--LabApp.expose_app_in_browser=True", "--LabApp.news_url=None"],
+             "--LabApp.expose_app_in_browser=True", "--LabApp.news_url=None",
+             # saving makes a checkpoint copy: keep it out of notebooks/ (tests read every .ipynb there)
+             f"--FileCheckpoints.checkpoint_dir={tmp / 'checkpoints'}"],
             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
