@@ -152,3 +152,19 @@ def spans(trace_path: str, name: str) -> dict[int, list[tuple[float, float]]]:
             start = float(e.get("ts", 0.0)) / 1e6
             out.setdefault(e["pid"], []).append((start, start + float(e.get("dur", 0.0)) / 1e6))
     return {r: sorted(v) for r, v in sorted(out.items())}
+
+
+HOW_TO_OPEN = "save it and drag it into https://ui.perfetto.dev or chrome://tracing to open it"
+
+
+def link(trace_path: str):
+    """A clickable link to a kept trace for a notebook (an IPython ``FileLink``) that says how to
+    open it. Its text form is the path as given, not ``FileLink``'s absolute one, so a stored
+    notebook output holds no folder of the machine that ran it."""
+    from IPython.display import FileLink
+
+    class TraceLink(FileLink):
+        def __repr__(self):
+            return f"{self.path} ({HOW_TO_OPEN})"
+
+    return TraceLink(trace_path, result_html_prefix=f"The trace of the ranks ({HOW_TO_OPEN}): ")

@@ -80,3 +80,11 @@ def test_counts_from_a_real_trace_equal_the_communication_log(tmp_path):
     for r in range(2):
         assert {op: counts[r][name] for op, name in names.items()} == {op: run.count(op, r) for op in names}
         assert counts[r]["c10d::send"] == 2 and counts[r]["reduce-scatter"] == counts[r]["all-gather"] == 1
+
+
+def test_link_is_clickable_says_how_to_open_and_stores_no_absolute_path(tmp_path, monkeypatch, trace):
+    monkeypatch.chdir(tmp_path)
+    kept = traces.keep(trace, "traces/x_ring.json")
+    shown = traces.link(kept)
+    assert "<a href='traces/x_ring.json'" in shown._repr_html_() and "https://ui.perfetto.dev" in shown._repr_html_()
+    assert repr(shown).startswith("traces/x_ring.json (") and str(tmp_path) not in repr(shown)
