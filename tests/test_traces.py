@@ -40,6 +40,13 @@ def test_events_per_rank_counts_calls_not_nested_records(trace):
     }
 
 
+def test_spans_are_seconds_from_time_zero_in_order_of_start(trace):
+    assert traces.spans(trace, "c10d::barrier") == {0: [pytest.approx((30e-6, 34e-6), rel=1e-12)]}
+    sends = traces.spans(trace, "c10d::send")
+    assert sorted(sends) == [0, 1] and len(sends[0]) == 4
+    assert [pytest.approx(se, rel=1e-12) for se in [(0.0, 10e-6), (2e-6, 5e-6), (10e-6, 11e-6)]] == sends[1]
+
+
 def test_check_ranks_names_the_rank_and_what_it_lacks(trace):
     assert traces.check_ranks(trace, 2, ["c10d::send"]) == {0: {"c10d::send": 2}, 1: {"c10d::send": 3}}
     with pytest.raises(ValueError, match=r"rank 1's row .* has no 'c10d::barrier' event"):
