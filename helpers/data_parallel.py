@@ -93,22 +93,6 @@ def train_single(steps: int = 5, batch: int = 32, lr: float = 0.1, seed: int = 0
     return [p.detach().clone() for p in model.parameters()], losses
 
 
-def local_full_gradient_worker(X, y, w, sizes):
-    """Data parallelism by hand (P.6): each rank takes its shard, all-reduce(SUM) of n_k * g_k / B.
-
-    Exact for equal and unequal shards alike; returns the gradient every rank ends with.
-    """
-    import torch
-    import torch.distributed as dist
-
-    rank = dist.get_rank()
-    shards = split_at(len(y), list(sizes))
-    idx = shards[rank]
-    g = torch.from_numpy(len(idx) * mse_grad(X[idx], y[idx], w) / len(y))
-    dist.all_reduce(g)  # SUM over ranks
-    return g.numpy()
-
-
 def rank_rows(batch: int, rank: int, world: int) -> slice:
     """The contiguous rows of a ``batch`` that ``rank`` of ``world`` takes in an even split (P.6).
 

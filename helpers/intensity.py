@@ -26,8 +26,6 @@ from dataclasses import dataclass
 
 from .validate import equal_parts, integer_at_least, positive_number
 
-DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "int8": 1}
-
 
 @dataclass(frozen=True)
 class Cost:

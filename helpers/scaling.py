@@ -134,11 +134,6 @@ class Setting:
         v = self.values(phase)
         return min(v), max(v)
 
-    def relative_spread(self, phase: str | None = None) -> float:
-        """(max - min) / median."""
-        lo, hi = self.spread(phase)
-        return (hi - lo) / self.median(phase)
-
     def phase_medians(self) -> dict[str, float]:
         return {p: self.median(p) for p in self.trials[0].phases}
 

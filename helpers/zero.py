@@ -23,7 +23,7 @@ that per reduce-scatter or all-gather (:func:`comm_bytes_per_rank`).
 from __future__ import annotations
 
 from .memory import tensor_bytes
-from .validate import equal_parts, integer_at_least
+from .validate import equal_parts, integer_at_least, one_of
 from .zero_hand import (ADAMW, DEFAULT_SIZES, STAGE_PRECISIONS, HandZero, Unit, assemble, make_mlp, make_regression,
                         max_abs_diff, moment_bytes, n_params)
 from .zero_numpy import adamw_numpy, collectives_per_step, comm_bytes_per_rank, ddp_numpy, zero1_numpy
@@ -49,6 +49,8 @@ def zero_train_worker(zero_stage: int, steps: int = 3, batch: int = 16, sizes=DE
     backward (the others keep full-size gradients). Each step runs inside ``span("step")``.
 
     Returns this rank's owned chunks (``"shards"``; rebuild the model with :func:`assemble`), its
+    chunks of the averaged gradients the last step used (``"grad_shards"``: rebuild them with
+    ``assemble(results, "grad_shards")`` and compare with :func:`ddp_reference_worker`'s), its
     full parameters where it holds them (stages 0-2), the bytes it holds (``"held"``: weights and
     gradients at the end of the last backward, master and moments after the last step), the peak
     of gradient bytes during backward, the peak of gathered weight bytes (stage 3), the losses.
@@ -66,6 +68,7 @@ def zero_train_worker(zero_stage: int, steps: int = 3, batch: int = 16, sizes=DE
     mine = rank_rows(batch, rank, world)
     z = HandZero(zero_stage, sizes, precision, seed)
     X, Y = make_regression(steps * micro_batches, batch, sizes)
+    loss_dtype = torch.float64 if precision == "fp64" else torch.float32
     losses = []
     for k in range(steps):
         with span("step"):
@@ -74,7 +77,8 @@ def zero_train_worker(zero_stage: int, steps: int = 3, batch: int = 16, sizes=DE
             for j in range(micro_batches):
                 z.sync = (not defer_reduce) or j == micro_batches - 1
                 idx = k * micro_batches + j
-                loss = torch.nn.functional.mse_loss(z.forward(X[idx][mine]).float(), Y[idx][mine].to(z.dev)) / micro_batches
+                out = z.forward(X[idx][mine]).to(loss_dtype)
+                loss = torch.nn.functional.mse_loss(out, Y[idx][mine].to(z.dev, loss_dtype)) / micro_batches
                 loss.backward()
                 z.after_backward()
                 total += loss.item()
@@ -85,7 +89,7 @@ def zero_train_worker(zero_stage: int, steps: int = 3, batch: int = 16, sizes=DE
     return {
         "stage": zero_stage, "precision": precision, "world": world,
         "n_params": sum(u.numel for u in z.units), "padded": sum(u.padded for u in z.units),
-        "shapes": [u.shapes for u in z.units], "shards": z.owned_chunks(),
+        "shapes": [u.shapes for u in z.units], "shards": z.owned_chunks(), "grad_shards": z.reduced_chunks(),
         "params": None if zero_stage == 3 else [p.detach().clone() for p in z.model.parameters()],
         "held": held, "peak_grad_bytes": z.peak_grad_bytes,
         "peak_gathered_bytes": z.gathered.peak if zero_stage == 3 else None, "losses": losses,
@@ -94,8 +98,9 @@ def zero_train_worker(zero_stage: int, steps: int = 3, batch: int = 16, sizes=DE
 
 # ---- references: PyTorch's DDP, ZeroRedundancyOptimizer and FSDP2 ------------------------------
 
-def _train_loop(model, opt, steps, batch, sizes, micro_batches=1, context=None):
-    """The reference training loop; ``context(last)`` wraps each micro-batch (no_sync and the like)."""
+def _train_loop(model, opt, steps, batch, sizes, micro_batches=1, context=None, dtype=None):
+    """The reference training loop; ``context(last)`` wraps each micro-batch (no_sync and the like);
+    the data are cast to ``dtype`` (float32 unless given)."""
     import contextlib
 
     import torch
@@ -116,8 +121,8 @@ def _train_loop(model, opt, steps, batch, sizes, micro_batches=1, context=None):
                 idx = k * micro_batches + j
                 last = j == micro_batches - 1
                 with (context(last) if context else contextlib.nullcontext()):
-                    out = model(X[idx][mine].to(device()))
-                    loss = torch.nn.functional.mse_loss(out, Y[idx][mine].to(device())) / micro_batches
+                    out = model(X[idx][mine].to(device(), dtype or torch.float32))
+                    loss = torch.nn.functional.mse_loss(out, Y[idx][mine].to(device(), dtype or torch.float32)) / micro_batches
                     loss.backward()
                 total += loss.item()
             opt.step()
@@ -125,10 +130,15 @@ def _train_loop(model, opt, steps, batch, sizes, micro_batches=1, context=None):
     return losses
 
 
-def ddp_reference_worker(steps: int = 3, batch: int = 16, sizes=DEFAULT_SIZES, micro_batches: int = 1, seed: int = 0):
-    """Plain PyTorch DDP + AdamW (fp32) on the same data: what every stage must equal.
+def ddp_reference_worker(steps: int = 3, batch: int = 16, sizes=DEFAULT_SIZES, micro_batches: int = 1, seed: int = 0,
+                         precision: str = "fp32"):
+    """Plain PyTorch DDP + AdamW on the same data: what every stage must equal.
 
     With ``micro_batches`` > 1 it accumulates under ``no_sync`` until the last micro-batch.
+    ``precision`` is ``"fp32"`` or ``"fp64"``. Returns the parameters after the last step and
+    the gradients DDP averaged in it (``"grads"``): a gradient off by a constant factor moves
+    AdamW's parameters hardly at all (it divides by the root of the second moment), so the
+    gradients are what pins the reduction down.
     """
     import contextlib
 
@@ -137,11 +147,14 @@ def ddp_reference_worker(steps: int = 3, batch: int = 16, sizes=DEFAULT_SIZES, m
 
     from .worker import device
 
-    model = DDP(make_mlp(sizes, seed).to(device()))
+    one_of(precision, "precision", ("fp32", "fp64"))
+    dtype = torch.float64 if precision == "fp64" else torch.float32
+    model = DDP(make_mlp(sizes, seed, dtype=dtype).to(device()))
     opt = torch.optim.AdamW(model.parameters(), **ADAMW)
     context = lambda last: contextlib.nullcontext() if last else model.no_sync()
-    losses = _train_loop(model, opt, steps, batch, sizes, micro_batches, context)
-    return {"params": [p.detach().clone() for p in model.parameters()], "losses": losses}
+    losses = _train_loop(model, opt, steps, batch, sizes, micro_batches, context, dtype)
+    return {"params": [p.detach().clone() for p in model.parameters()],
+            "grads": [p.grad.detach().clone() for p in model.parameters()], "losses": losses}
 
 
 def zero_redundancy_worker(steps: int = 3, batch: int = 16, sizes=DEFAULT_SIZES, seed: int = 0):

@@ -23,12 +23,12 @@ import math
 import numpy as np
 
 from .memory import measure_model_state, tensor_bytes
-from .validate import index_below, integer_at_least
+from .validate import index_below, integer_at_least, one_of
 from .validate import zero_stage as check_zero_stage
 
 DEFAULT_SIZES = (8, 32, 32, 4)  # 288 + 1056 + 132 = 1476 parameters; every layer divides by 1, 2, 3, 4, 6, 12
 ADAMW = {"lr": 1e-2, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 1e-2}
-STAGE_PRECISIONS = ("fp32", "bf16-mixed")
+STAGE_PRECISIONS = ("fp32", "fp64", "bf16-mixed")
 
 
 # ---- torch: the model, the data, the sharding units -------------------------------------------
@@ -92,14 +92,15 @@ class Unit:
         return [t.view(s) for t, s in zip(flat[: self.numel].split(self.numels), self.shapes)]
 
 
-def assemble(results) -> list:
-    """Full parameters from every rank's ``result["shards"]`` (rank order), without a collective."""
+def assemble(results, key: str = "shards") -> list:
+    """Full parameters from every rank's ``result["shards"]`` (rank order), without a collective;
+    ``key="grad_shards"`` rebuilds the reduced gradients of the last step the same way."""
     import torch
 
     shapes = results[0]["shapes"]
     out = []
     for u, unit_shapes in enumerate(shapes):
-        flat = torch.cat([res["shards"][u].reshape(-1) for res in results])
+        flat = torch.cat([res[key][u].reshape(-1) for res in results])
         numels = [math.prod(s) for s in unit_shapes]
         out += [t.reshape(s).clone() for t, s in zip(flat[: sum(numels)].split(numels), unit_shapes)]
     return out
@@ -185,7 +186,8 @@ class HandZero:
     """One rank training :func:`make_mlp` with AdamW under ZeRO stage 0-3, by hand (12.1.2).
 
     ``precision`` is ``"fp32"`` (fp32 weights, gradients and moments; the weights are what AdamW
-    updates) or ``"bf16-mixed"`` (bf16 weights and gradients, communicated in bf16; fp32 master
+    updates), ``"fp64"`` (the same in float64: rounding small enough to check gradients against
+    DDP's to 1e-12) or ``"bf16-mixed"`` (bf16 weights and gradients, communicated in bf16; fp32 master
     copy and moments of the owned chunks only). Use: ``zero_grad()``, ``forward(x)``, the loss's
     ``backward()``, then ``step()``; ``sync = False`` keeps stage 2 from reducing (accumulation).
 
@@ -202,15 +204,15 @@ class HandZero:
         from .worker import device
 
         check_zero_stage(zero_stage)
-        if precision not in STAGE_PRECISIONS:
-            raise ValueError(f"precision must be one of {STAGE_PRECISIONS}, got {precision!r}")
+        one_of(precision, "precision", STAGE_PRECISIONS)
         self.stage, self.mixed, self.sync = zero_stage, precision == "bf16-mixed", True
         self.rank, self.world, self.dev = dist.get_rank(), dist.get_world_size(), device()
-        self.pdt = torch.bfloat16 if self.mixed else torch.float32
+        self.pdt = {"fp32": torch.float32, "fp64": torch.float64, "bf16-mixed": torch.bfloat16}[precision]
         model = make_mlp(sizes, seed).to(self.dev)
         self.linears = [m for m in model if isinstance(m, torch.nn.Linear)]
         self.units = [Unit([lin.weight.shape, lin.bias.shape], self.world, self.rank) for lin in self.linears]
         self.shard_grads = None  # stages 1-2: this rank's chunk of every layer's reduced gradient
+        self.reduced = []  # the averaged gradients the last step fed to AdamW
         self.peak_grad_bytes = 0
         hold = {0: self._hold_everything, 1: self._hold_flat_buffers, 2: self._hold_flat_buffers, 3: self._hold_owned_chunks}
         updated = hold[zero_stage](model)  # the tensors AdamW updates on this rank
@@ -309,7 +311,9 @@ class HandZero:
         import torch
 
         with torch.no_grad():
-            self._adamw_on_owned(self._reduced_gradients())
+            grads = self._reduced_gradients()
+            self.reduced = [g.detach().clone() for g in grads]
+            self._adamw_on_owned(grads)
             if self.stage in (1, 2):
                 self._all_gather_updates()
 
@@ -373,6 +377,14 @@ class HandZero:
         moments, counters = moment_bytes(self.opt)
         return {"weights": tensor_bytes(self.weights), "gradients": self.grad_bytes(),
                 "master": tensor_bytes(self.master), "moments": moments, "counters": counters}
+
+    def reduced_chunks(self) -> list:
+        """This rank's chunk of every layer's averaged gradient in the last step (see
+        :func:`assemble` with ``key="grad_shards"``): what must equal DDP's gradient there."""
+        if self.stage == 0:  # full gradients, one per parameter tensor: cut this rank's chunk
+            it = iter(self.reduced)
+            return [u.flatten([next(it) for _ in u.shapes])[u.lo : u.hi].clone() for u in self.units]
+        return [g.clone() for g in self.reduced]
 
     def owned_chunks(self) -> list:
         """This rank's chunk of every layer's padded flat parameters (see :func:`assemble`)."""

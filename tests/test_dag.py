@@ -99,6 +99,15 @@ def test_critical_priority_beats_graph_order_when_it_matters():
     assert D.list_schedule(g, 2, "critical").makespan == 4
 
 
+
+def test_tasks_that_end_together_are_all_released_before_anyone_picks():
+    # a and b end together at t = 1; b's successors come first in the graph's order, so the two free
+    # workers take y1 and y2, and x waits (a worker picking as soon as a alone is released takes x)
+    g = D.DAG({"a": 1, "b": 1, "y1": 5, "y2": 5, "x": 10}, [("a", "x"), ("b", "y1"), ("b", "y2")])
+    s = D.list_schedule(g, 2)
+    assert (s.slot("y1").start, s.slot("y2").start, s.slot("x").start, s.makespan) == (1, 1, 6, 16)
+
+
 # ---- bad input -----------------------------------------------------------------------------------
 
 def test_cycle_is_rejected_and_named():

@@ -175,6 +175,13 @@ def test_wrap_breaks_at_spaces_within_the_width():
         assert all(len(line) <= pl.WIDTH for line in sentence.splitlines())
 
 
+def test_rule_of_thumb_turns_to_zero_3_when_the_batch_cannot_fill_the_pipeline(h256):
+    m405 = pl.Model("405B", layers=80, hidden=20480, heads=160, kv_heads=8, ffn=81920, seq_len=4096, n_params=405e9)
+    assert pl.rule_of_thumb(m405, h256, 128)[0] == pl.Layout(dp=4, tp=8, pp=8, zero=1)  # m = 32 = 4p: keep PP
+    lay, steps = pl.rule_of_thumb(m405, h256, 64)  # m = 16 < 4p = 32
+    assert lay == pl.Layout(dp=32, tp=8, zero=3) and "m = 16 < 4p = 32" in steps[-1]["question"]
+
+
 def test_llama_readback_picks_the_published_degrees():
     ph = cs.llama3_phases()[1]
     c = pl.h100_cluster(ph["gpus"])

@@ -14,6 +14,7 @@ def test_accepted_values_come_back_converted():
     assert V.integer_at_least(np.int64(4), "n") == 4 and V.integer_at_least(0, "n", 0) == 0
     assert V.index_below(3, "rank", 4) == 3
     assert V.zero_stage(3) == 3 and V.zero_stage(0) == 0
+    assert V.one_of("fp64", "precision", ("fp32", "fp64")) == "fp64"
     assert V.probability(1, "p") == 1.0 and V.probability(0, "p", below_one=True) == 0.0
     assert V.durations(x for x in (1, 2.5)) == [1.0, 2.5] and V.durations(np.array([0.0, 1.0])) == [0.0, 1.0]
 
@@ -47,6 +48,7 @@ def test_equal_parts_splits_and_names_the_constraint_in_the_callers_words():
     (lambda: V.index_below(-1, "rank", 4), r"rank must be an integer in \[0, 4\), got -1"),
     (lambda: V.zero_stage(4), r"zero_stage must be 0, 1, 2 or 3 \(a ZeRO stage\), got 4"),
     (lambda: V.zero_stage(True, "zero"), "zero must be 0, 1, 2 or 3"),
+    (lambda: V.one_of("fp16", "precision", ["fp32", "fp64"]), r"precision must be one of \('fp32', 'fp64'\), got 'fp16'"),
     (lambda: V.probability(1.5, "p"), r"p must be in \[0, 1\], got 1.5"),
     (lambda: V.probability(1.0, "p", below_one=True), r"p must be in \[0, 1\), got 1.0"),
     (lambda: V.probability(-0.1, "p"), r"p must be in \[0, 1\]"),
