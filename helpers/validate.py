@@ -34,3 +34,21 @@ def durations(values, name: str = "durations") -> list[float]:
     if any(not math.isfinite(x) or x < 0 for x in xs):
         raise ValueError(f"{name} must be finite and >= 0 (no negative durations), got {values!r}")
     return xs
+
+
+def divides(d: int, n: int, constraint: str) -> None:
+    """ValueError naming ``constraint`` unless the positive integer ``d`` divides ``n``."""
+    if n % d:
+        raise ValueError(f"{constraint}: {d} does not divide {n} (remainder {n % d})")
+
+
+def product_is(factors: dict, total: int, what: str) -> None:
+    """ValueError unless the product of ``factors`` (name -> integer) is ``total``; the message
+    writes the product out, e.g. ``DP x TP x PP x CP = 2x2x2x1 = 8, not the world size 16``."""
+    prod = 1
+    for v in factors.values():
+        prod *= v
+    if prod != total:
+        names = " x ".join(factors)
+        vals = "x".join(str(v) for v in factors.values())
+        raise ValueError(f"{names} = {vals} = {prod}, not {what} {total}")
