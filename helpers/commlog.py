@@ -65,6 +65,7 @@ class CommOp:
     bytes: int
     group_size: int
     t: float  # seconds since the job started on this rank, when the call was issued
+    group: str = ""  # the process group's name, where the call names one
 
     @property
     def model_sent(self) -> float:
@@ -118,29 +119,35 @@ def _tensor_bytes(obj) -> int:
     return 0
 
 
-def _group_size(args) -> int:
+def _group(args) -> tuple:
+    """(size, name) of the process group a call names (the default group's size if none)."""
     import torch
     import torch.distributed as dist
 
     for a in args:
         if isinstance(a, dist.ProcessGroup):
-            return a.size()
+            return a.size(), a.group_name
         if isinstance(a, torch.ScriptObject):  # c10d dispatcher ops receive the group boxed
             try:
-                return dist.ProcessGroup.unbox(a).size()
+                pg = dist.ProcessGroup.unbox(a)
+                return pg.size(), pg.group_name
             except Exception:  # pragma: no cover - not a process group
                 pass
         if isinstance(a, (list, tuple)) and a and all(isinstance(r, int) for r in a):
-            return len(a)  # functional collectives: a list of ranks
+            return len(a), ""  # functional collectives: a list of ranks
     for a in args:
         if isinstance(a, str):  # functional collectives: a group name
             try:
                 from torch.distributed.distributed_c10d import _resolve_process_group
 
-                return _resolve_process_group(a).size()
+                return _resolve_process_group(a).size(), a
             except Exception:  # pragma: no cover - depends on torch internals
                 pass
-    return dist.get_world_size() if dist.is_initialized() else 1
+    return (dist.get_world_size() if dist.is_initialized() else 1), ""
+
+
+def _group_size(args) -> int:
+    return _group(args)[0]
 
 
 def _make_mode_class():
@@ -159,9 +166,10 @@ def _make_mode_class():
             if table is not None and name in table:
                 op, idx = table[name]
                 nbytes = 0 if idx is None else _tensor_bytes(args[idx])
-                self.log.ops.append(
-                    CommOp(op, nbytes, _group_size(list(args) + list(kwargs.values())), self.log.now())
-                )
+                size, group = _group(list(args) + list(kwargs.values()))
+                if ns == "_c10d_functional" and op == "all_gather":
+                    nbytes *= size  # a functional all-gather receives its input: the whole buffer is size x that
+                self.log.ops.append(CommOp(op, nbytes, size, self.log.now(), group))
             return func(*args, **kwargs)
 
     return _Recorder

@@ -60,18 +60,26 @@ def coords(rank: int, layout) -> dict:
     return out
 
 
-def build(model, layout, stages: list, *, dropout: bool = False, device: str = "cpu"):
+def make_mesh(layout, device: str = "cpu") -> tuple:
+    """The 4-D ``DeviceMesh`` (dp, pp, cp, tp) of ``layout`` and its data-parallel mesh (DP x CP
+    flattened when CP > 1): FSDP shards over the ranks that hold the same weights."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh(device, tuple(getattr(layout, n) for n in MESH_DIMS), mesh_dim_names=MESH_DIMS)
+    return mesh, (mesh["dp", "cp"]._flatten("dp_cp") if layout.cp > 1 else mesh["dp"])
+
+
+def build(model, layout, stages: list, *, dropout: bool = False, reduce_dtype: str = "float32", meshes=None):
     """This rank's stage on the meta device, parallelised (TP, activation checkpointing when
     ``layout.recompute == "full"``, then FSDP/replicate per block and for the stage). Call inside
     the process group (fake or real), outside ``FakeTensorMode`` (the mesh reads its rank grid).
+    ``meshes``: :func:`make_mesh`'s, to reuse (a 16,384-rank mesh takes seconds to build).
     Returns a dict with the module, mesh, coordinates, neighbours and stage info."""
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     rank = dist.get_rank()
     c = coords(rank, layout)
-    mesh = init_device_mesh(device, tuple(getattr(layout, n) for n in MESH_DIMS), mesh_dim_names=MESH_DIMS)
-    dp_mesh = mesh["dp", "cp"]._flatten("dp_cp") if layout.cp > 1 else mesh["dp"]
+    mesh, dp_mesh = meshes or make_mesh(layout)
     ids = stage_layer_ids(model.layers, stages)[c["pp"]]
     first, last = c["pp"] == 0, c["pp"] == layout.pp - 1
     cp_group = mesh["cp"].get_group() if layout.cp > 1 else None
@@ -91,7 +99,7 @@ def build(model, layout, stages: list, *, dropout: bool = False, device: str = "
 
         for name in list(stage.layers):
             stage.layers[name] = checkpoint_wrapper(stage.layers[name], preserve_rng_state=False)
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=getattr(torch, reduce_dtype))
     if layout.zero == 0:
         from torch.distributed._composable.replicate_with_fsdp import replicate
 
@@ -102,7 +110,7 @@ def build(model, layout, stages: list, *, dropout: bool = False, device: str = "
         wrap(blk)
     wrap(stage)
     stride = layout.cp * layout.tp
-    return {"stage": stage, "mesh": mesh, "coords": c, "first": first, "last": last, "layer_ids": ids,
+    return {"stage": stage, "mesh": mesh, "dp_mesh": dp_mesh, "coords": c, "first": first, "last": last, "layer_ids": ids,
             "sp": sp, "prev": rank - stride if not first else None, "next": rank + stride if not last else None}
 
 
@@ -358,7 +366,7 @@ class _NoModules:
 
 
 def measured_step(model, layout, stages, m: int, *, fake: bool, dropout: bool = False, boundaries: bool = False,
-                  warm: int | None = None) -> dict:
+                  warm: int | None = None, reduce_dtype: str = "float32", meshes=None) -> dict:
     """Build this rank's stage, then run and measure one step: peak bytes by category (MemTracker),
     the model state held after the step, every collective (:class:`helpers.commlog.CommLog`),
     FLOPs (FlopCounterMode) and, with ``boundaries``, the counters at each micro-batch boundary.
@@ -369,7 +377,7 @@ def measured_step(model, layout, stages, m: int, *, fake: bool, dropout: bool = 
     ShardingPropagator._fake_mode_lock = _PropagationMarker()
     try:
         t0 = time.perf_counter()
-        parts = build(model, layout, stages, dropout=dropout)
+        parts = build(model, layout, stages, dropout=dropout, reduce_dtype=reduce_dtype, meshes=meshes)
         mode = nullcontext()
         if fake:
             from torch._subclasses.fake_tensor import FakeTensorMode
@@ -398,9 +406,23 @@ def _measure(model, layout, parts, m, *, init, boundaries, t0, warm):
         run_step(model, layout, parts, m, on_boundary=mark, warm=warm)
     peak = _categories(tracker.get_tracker_snapshot("peak"))
     held = _categories(tracker.get_tracker_snapshot("current"))
-    return {"peak": peak, "held": held, "ops": [(o.op, o.bytes, o.group_size) for o in log.ops],
+    axes = _axes(parts)
+    ops = [(o.op, o.bytes, o.group_size, axes.get(o.group, "?")) for o in log.ops]
+    return {"peak": peak, "held": held, "ops": ops,
             "flops": flops.get_total_flops(), "marks": marks, "layers": len(parts["layer_ids"]),
             "coords": parts["coords"], "wall_s": time.perf_counter() - t0}
+
+
+def _axes(parts) -> dict:
+    """Process-group name -> the mesh axis it spans (dp, pp, cp, tp, dp_cp; "pp" for the
+    point-to-point sends of the pipeline, which use the default group)."""
+    mesh = parts["mesh"]
+    out = {dist.group.WORLD.group_name: "pp"}  # unless a mesh axis spans the whole world (and reuses it)
+    for d in mesh.mesh_dim_names:
+        if mesh.size(mesh.mesh_dim_names.index(d)) > 1 or mesh.get_group(d).group_name not in out:
+            out[mesh.get_group(d).group_name] = d
+    out[parts["dp_mesh"].get_group().group_name] = parts["dp_mesh"].mesh_dim_names[0]
+    return out
 
 
 def _categories(snapshot: dict) -> dict:

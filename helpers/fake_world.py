@@ -32,14 +32,15 @@ applied (values are meaningless here anyway).
 **Tracing cost, and what is extrapolated** (a trace costs about 0.1-0.3 s per layer forward or
 backward per micro-batch here, whatever the layer's size). Identical layers give identical
 per-layer figures, so ``trace_layers=k`` (k >= 2: FSDP holds two layers' weights at once, one
-prefetched) traces the stage with k and with k + 1 layers and extrapolates every figure (each
-memory category at the peak, every collective's count and bytes, FLOPs) linearly to the stage's
-real layer count. Of a long run of steady 1F1B iterations (or of gradient-accumulation
-micro-batches without a pipeline) three are traced; the others repeat the second one's
+prefetched) traces the stage with k, k + 1 and k + 2 layers, checks that the peak's categories lie
+on a line (else it moves the window up: the peak may still be moving from one point of the step
+to another) and extrapolates every figure (each memory category at the peak, every collective's
+count and bytes, FLOPs) linearly to the stage's real layer count. Of a long run of steady 1F1B
+iterations (or of gradient-accumulation micro-batches without a pipeline) three are traced; the others repeat the second one's
 communication and FLOPs. Under ZeRO-2/3 a long 1F1B warm-up (stage s of PP holds PP - s
-micro-batches at the peak) is traced as warm-ups of 1 and 2 and extrapolated linearly. Each
-extrapolation is exact when the peak falls at the same point of the schedule; the tests check them
-equal to a trace of everything. A configuration that would still trace more than
+micro-batches at the peak) is traced as warm-ups of 1, 2 and 3 (checked on a line the same way)
+and extrapolated linearly. Each extrapolation is exact when the peak falls at the same point of
+the schedule; the tests check them equal to a trace of everything. A configuration that would still trace more than
 ``max_layer_passes`` layer passes is refused, with the way out (``trace_layers``).
 
 **Measurement caveats handled here** (each measured on this machine): ``MemTracker`` counted the
@@ -171,10 +172,11 @@ class FakeStep:
 
     ``memory``: bytes at the peak by category (parameters, gradients, optimizer, activations,
     temporaries, other) and ``total``; ``held``: bytes held after the optimizer step (the model
-    state between steps); ``comm``: one row per (kind, group size) with calls, payload bytes and
-    ring-model bytes sent; ``flops``: FLOPs of the step on this rank; ``wall_s``: seconds the
-    simulation took (every trace together); ``per_layer`` (with ``trace_layers``): what one more
-    layer of the stage adds to each memory category at the peak."""
+    state between steps); ``comm``: one row per collective kind and mesh axis (dp, tp, cp, pp,
+    dp_cp) with the group size, calls, payload bytes and ring-model bytes sent; ``flops``: FLOPs of the step on this rank; ``wall_s``: seconds the
+    simulation took (every trace together); ``per_layer`` and ``per_layer_comm`` (with
+    ``trace_layers``): what one more layer of the stage adds to each memory category at the peak,
+    and to the step's collectives (the rows that change)."""
 
     model: str
     layout: str
@@ -192,15 +194,19 @@ class FakeStep:
     wall_s: float
     notes: list = field(default_factory=list)
     per_layer: dict | None = None
+    per_layer_comm: list | None = None
 
     @property
     def peak_bytes(self) -> float:
         return self.memory["total"]
 
-    def comm_by_kind(self) -> dict:
-        """kind -> {calls, bytes, model_sent} summed over group sizes."""
+    def comm_by_kind(self, axis: str | None = None) -> dict:
+        """kind -> {calls, bytes, model_sent} summed over the mesh axes (or on ``axis`` only),
+        leaving out groups of one rank (which send nothing)."""
         out = {}
         for r in self.comm:
+            if r["group_size"] < 2 or (axis is not None and r["axis"] != axis):
+                continue
             row = out.setdefault(r["kind"], {"calls": 0, "bytes": 0, "model_sent": 0.0})
             for k in ("calls", "bytes", "model_sent"):
                 row[k] += r[k]
@@ -212,10 +218,11 @@ class FakeStep:
 
 
 def comm_rows(ops) -> list:
-    """(kind, payload bytes, group size) triples -> rows per (kind, group size)."""
+    """(kind, payload bytes, group size, mesh axis) of each call -> rows per (kind, axis, group size)."""
     rows = {}
-    for kind, nbytes, g in ops:
-        row = rows.setdefault((kind, g), {"kind": kind, "group_size": g, "calls": 0, "bytes": 0, "model_sent": 0.0})
+    for kind, nbytes, g, axis in ops:
+        row = rows.setdefault((kind, axis, g), {"kind": kind, "axis": axis, "group_size": g, "calls": 0, "bytes": 0,
+                                                "model_sent": 0.0})
         row["calls"] += 1
         row["bytes"] += nbytes
         row["model_sent"] += ring_bytes_sent(kind, nbytes, g)
@@ -271,17 +278,19 @@ def plan_trace(model, layout, stages, rank, m, trace_layers, extrapolate: bool =
         validate.integer_at_least(trace_layers, "trace_layers", 2)
     if not extrapolate:
         return TracePlan(s, n, (n,), (w,), m - w, m, 2 * n * m)
-    counts = (n,) if trace_layers is None or trace_layers + 1 >= n else (trace_layers, trace_layers + 1)
+    k = trace_layers
+    counts = (n,) if k is None or k + 2 >= n else (k, k + 1, k + 2)
     # shorter warm-ups only where gradients are reduced every micro-batch (ZeRO-2/3): under ZeRO-0/1
     # the whole gradients accumulate and are reduced after the last micro-batch, and the peak may
     # sit there, where the micro-batches in flight do not decide it
-    warms = (w,) if w <= 2 or layout.zero < 2 else (1, 2)
+    warms = (w,) if w <= 3 or layout.zero < 2 else (1, 2, 3)
     steady = min(m - w, 3)
-    passes = sum(2 * c * (v + steady) for c in counts for v in warms)
+    passes = 2 * sum(c * (warms[0] + steady) for c in counts)
+    passes += 2 * sum(c * (v + steady) for c in counts[-2:] for v in warms[1:])
     return TracePlan(s, n, counts, warms, steady, m, passes)
 
 
-def _one_trace(model, layout, stages, plan, n_layers, warm, dropout):
+def _one_trace(model, layout, stages, plan, n_layers, warm, dropout, reduce_dtype, meshes):
     """Trace the plan's stage with ``n_layers`` layers, warm-up ``warm`` and the plan's steady
     iterations; communication and FLOPs with all the steady iterations of the real schedule
     (the ones not traced are copies of the second one)."""
@@ -292,7 +301,8 @@ def _one_trace(model, layout, stages, plan, n_layers, warm, dropout):
     st = list(stages)
     st[plan.stage] = n_layers
     sub = replace(model, layers=sum(st), n_params=0.0)
-    r = measured_step(sub, layout, st, mt, fake=True, dropout=dropout, boundaries=extra > 0, warm=warm)
+    r = measured_step(sub, layout, st, mt, fake=True, dropout=dropout, boundaries=extra > 0, warm=warm,
+                      reduce_dtype=reduce_dtype, meshes=meshes)
     ops, flops = list(r["ops"]), r["flops"]
     if extra > 0:
         idx = {(k, i): j for j, (k, i, _, _) in enumerate(r["marks"])}
@@ -309,30 +319,63 @@ def _line(a, b, x0, x):
 
 
 def _comm_line(ca, cb, x0, x):
-    ka = {(r["kind"], r["group_size"]): r for r in ca}
-    kb = {(r["kind"], r["group_size"]): r for r in cb}
+    ka = {(r["kind"], r["axis"], r["group_size"]): r for r in ca}
+    kb = {(r["kind"], r["axis"], r["group_size"]): r for r in cb}
     zero = {"calls": 0, "bytes": 0, "model_sent": 0.0}
     out = []
     for key in sorted(set(ka) | set(kb)):
         x1, y1 = ka.get(key, zero), kb.get(key, zero)
-        out.append({"kind": key[0], "group_size": key[1], **{f: _line(x1[f], y1[f], x0, x) for f in zero}})
+        out.append({"kind": key[0], "axis": key[1], "group_size": key[2], **{f: _line(x1[f], y1[f], x0, x) for f in zero}})
     return out
 
 
-def _run_plan(model, layout, stages, plan, dropout):
-    """Run every trace of ``plan`` (in the current fake world) and extrapolate to the real stage:
+def _collinear(a, b, c) -> bool:
+    return all(b[x] - a[x] == c[x] - b[x] for x in a)
+
+
+def _run_plan(model, layout, stages, plan, dropout, reduce_dtype):
+    """Run the traces of ``plan`` (in the current fake world) and extrapolate to the real stage:
     every figure linearly in the layers, then linearly in the warm-up length (each warm-up
-    micro-batch adds one micro-batch in flight at the peak, and one forward and backward). With
-    two layer counts traced, ``per_layer`` is what one more layer adds to each memory category."""
-    counts, warms = plan.layer_counts, plan.warmups
-    runs = {(c, v): _one_trace(model, layout, stages, plan, c, v, dropout) for c in counts for v in warms}
+    micro-batch adds one micro-batch in flight at the peak, and one forward and backward).
+
+    An extrapolation is used only where the peak has stopped moving: three layer counts k, k+1,
+    k+2 (and three warm-ups 1, 2, 3) are traced and the peak's categories must lie on a line; if
+    not, the window moves up one (up to 3 times). With a line, ``per_layer`` is what one more
+    layer adds to each memory category at the peak."""
+    from .fake_step import make_mesh
+
+    meshes = make_mesh(layout)  # once: the traces differ in layers and micro-batches, not in ranks
+    counts, warms = list(plan.layer_counts), list(plan.warmups)
+    runs = {}
+
+    def run(c, v):
+        if (c, v) not in runs:
+            runs[(c, v)] = _one_trace(model, layout, stages, plan, c, v, dropout, reduce_dtype, meshes)
+        return runs[(c, v)]
+
+    def settle(points, make, limit, what):
+        """Slide a window of three points up until the peak's categories lie on a line."""
+        for _ in range(3):
+            if _collinear(*(make(x)["memory"] for x in points)) or points[-1] + 1 >= limit:
+                break
+            points = points[1:] + [points[-1] + 1]
+        if not _collinear(*(make(x)["memory"] for x in points)):
+            raise ValueError(f"the peak of stage {plan.stage} still moves as {what} are added ({points} traced): "
+                             f"trace more (a larger trace_layers) or everything (extrapolate=False)")
+        return points[1:]
+
+    if len(counts) == 3:
+        counts = settle(counts, lambda c: run(c, warms[0]), plan.layers, "layers")
+    if len(warms) == 3:
+        warms = settle(warms, lambda v: run(counts[-1], v), _warm(layout, plan.stage, plan.micro_batches),
+                       "warm-up micro-batches")
     k, w = counts[0], _warm(layout, plan.stage, plan.micro_batches)
 
     def in_layers(v, n):
-        a = runs[(counts[0], v)]
+        a = run(counts[0], v)
         if len(counts) == 1:
             return a
-        b = runs[(counts[1], v)]
+        b = run(counts[1], v)
         return {"memory": {c: _line(a["memory"][c], b["memory"][c], k, n) for c in a["memory"]},
                 "held": {c: _line(a["held"][c], b["held"][c], k, n) for c in a["held"]},
                 "comm": _comm_line(a["comm"], b["comm"], k, n), "flops": _line(a["flops"], b["flops"], k, n),
@@ -348,25 +391,32 @@ def _run_plan(model, layout, stages, plan, dropout):
                 "flops": _line(lo["flops"], hi["flops"], warms[0], w), "coords": lo["coords"]}
 
     out = at(plan.layers)
-    out["per_layer"] = None
+    out["per_layer"], out["per_layer_comm"] = None, None
+    out["layer_counts"], out["warmups"] = tuple(counts), tuple(warms)
     if len(counts) == 2:
-        below = at(plan.layers - 1)["memory"]
-        out["per_layer"] = {c: out["memory"][c] - below[c] for c in below}
+        below = at(plan.layers - 1)
+        out["per_layer"] = {c: out["memory"][c] - below["memory"][c] for c in below["memory"]}
+        out["per_layer_comm"] = [{**r, **{f: r[f] - b[f] for f in ("calls", "bytes", "model_sent")}}
+                                 for r, b in zip(out["comm"], below["comm"]) if r["calls"] != b["calls"]]
     return out
 
 
 def simulate(model: Model, layout: Layout, *, rank: int = 0, world_size: int | None = None, global_batch: int | None = None,
              micro_batches: int | None = None, stages=None, trace_layers: int | None = None, dropout: bool = False,
-             extrapolate: bool = True, max_layer_passes: int = MAX_LAYER_PASSES) -> FakeStep:
+             extrapolate: bool = True, reduce_dtype: str = "float32", max_layer_passes: int = MAX_LAYER_PASSES) -> FakeStep:
     """One training step of rank ``rank`` of the ``layout.devices``-rank job, on a fake world.
 
     ``micro_batches`` per step (default: ``global_batch / (DP x micro-batch)`` when a global batch
     is given, else PP, enough to fill the pipeline); ``stages``: layers per pipeline stage when
-    PP does not divide the layers (e.g. :func:`uneven_stages`); ``trace_layers=k``: trace k and
-    k + 1 layers of the stage and scale (module docstring); ``dropout``: dropout after attention and
-    MLP (GPT, Korthikanti et al.), off for Llama.
+    PP does not divide the layers (e.g. :func:`uneven_stages`); ``trace_layers=k``: trace k, k + 1
+    and k + 2 layers of the stage and scale (module docstring); ``dropout``: dropout after attention and
+    MLP (GPT, Korthikanti et al.), off for Llama; ``reduce_dtype``: the dtype gradients are reduced
+    (and, under ZeRO-1, accumulated) in, FP32 by default as in torchtitan, "bfloat16" as the
+    chapters assume.
     """
     stages = check(model, layout, world_size, stages)
+    if reduce_dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"reduce_dtype must be 'float32' or 'bfloat16', got {reduce_dtype!r}")
     world = layout.devices
     rank = validate.integer_at_least(rank, "rank", 0)
     if rank >= world:
@@ -379,22 +429,22 @@ def simulate(model: Model, layout: Layout, *, rank: int = 0, world_size: int | N
         raise ValueError(
             f"tracing would cost {plan.passes} layer passes (layers {plan.layer_counts} x micro-batches, forward and "
             f"backward) > max_layer_passes={max_layer_passes} (about {plan.passes * SECONDS_PER_PASS:.0f} s here): pass "
-            f"trace_layers=2 (identical layers give identical per-layer figures: 2 and 3 layers are traced and "
+            f"trace_layers=2 (identical layers give identical per-layer figures: 2, 3 and 4 layers are traced and "
             f"scaled exactly to the stage's {plan.layers}), or raise max_layer_passes")
     t0 = time.perf_counter()
     with fake_world(world, rank):
-        res = _run_plan(model, layout, stages, plan, dropout)
+        res = _run_plan(model, layout, stages, plan, dropout, reduce_dtype)
     notes = []
-    if len(plan.layer_counts) == 2:
-        notes.append(f"traced {plan.layer_counts[0]} and {plan.layer_counts[1]} of the stage's {plan.layers} layers; "
-                     f"per-layer figures scaled to {plan.layers}")
-    if len(plan.warmups) == 2:
-        notes.append(f"traced 1F1B warm-ups of {plan.warmups[0]} and {plan.warmups[1]} micro-batches; the peak scaled to "
-                     f"the stage's {_warm(layout, plan.stage, m)}")
+    if len(res["layer_counts"]) == 2:
+        notes.append(f"traced {res['layer_counts'][0] - 1} to {res['layer_counts'][1]} of the stage's {plan.layers} "
+                     f"layers (the peak on a line from {res['layer_counts'][0]}); per-layer figures scaled to {plan.layers}")
+    if len(res["warmups"]) == 2:
+        notes.append(f"traced 1F1B warm-ups of {res['warmups'][0] - 1} to {res['warmups'][1]} micro-batches (the peak on a "
+                     f"line from {res['warmups'][0]}); scaled to the stage's {_warm(layout, plan.stage, m)}")
     mts = {plan.traced_micro_batches(v) for v in plan.warmups}
     if plan.steady < m - _warm(layout, plan.stage, m):
         notes.append(f"traced {plan.steady} of {m - _warm(layout, plan.stage, m)} steady 1F1B iterations; the others "
                      f"added from a measured one")
-    return FakeStep(model.name, layout.label(), world, rank, res["coords"], plan.layers, plan.layer_counts, m, max(mts),
+    return FakeStep(model.name, layout.label(), world, rank, res["coords"], plan.layers, res["layer_counts"], m, max(mts),
                     res["memory"], res["held"], res["comm"], res["flops"], time.perf_counter() - t0, notes,
-                    res["per_layer"])
+                    res["per_layer"], res["per_layer_comm"])

@@ -2,6 +2,7 @@
 and on a fake world (fake process group, fake tensors) gives the same bytes per category, the same
 collectives and the same FLOPs; the scaled traces equal full ones; bad layouts are refused."""
 import sys
+from dataclasses import replace
 
 import pytest
 import torch.distributed as dist
@@ -74,12 +75,13 @@ def test_counts_are_the_mechanisms():
     embedding, norm and head) gathers its weights in forward and again in backward for every
     micro-batch and reduce-scatters its gradients; BF16 gathers, FP32 gradient reductions."""
     r = fw.simulate(TINY, Layout(dp=4, zero=3), micro_batches=2)
-    rows = {(c["kind"], c["group_size"]): c for c in r.comm}
-    assert set(rows) == {("all_gather", 4), ("reduce_scatter", 4)}
-    assert rows[("all_gather", 4)]["calls"] == 3 * 2 * 2 and rows[("reduce_scatter", 4)]["calls"] == 3 * 2
+    rows = {(c["kind"], c["axis"], c["group_size"]): c for c in r.comm}
+    ag, rs = ("all_gather", "dp", 4), ("reduce_scatter", "dp", 4)
+    assert set(rows) == {ag, rs}
+    assert rows[ag]["calls"] == 3 * 2 * 2 and rows[rs]["calls"] == 3 * 2
     params = sum(p for p in _param_counts(TINY))
-    assert rows[("all_gather", 4)]["bytes"] == 2 * 2 * params * 2  # bf16, twice per micro-batch
-    assert rows[("reduce_scatter", 4)]["bytes"] == 2 * params * 4  # fp32
+    assert rows[ag]["bytes"] == 2 * 2 * params * 2  # bf16, twice per micro-batch
+    assert rows[rs]["bytes"] == 2 * params * 4  # fp32
     tensors = 9 * TINY.layers + 3  # AdamW keeps a 4-byte step counter per parameter tensor
     assert r.held["parameters"] == params * 4 // 4  # the FP32 shard: the master weights
     assert r.held["optimizer"] == 2 * params * 4 // 4 + 4 * tensors  # two FP32 moments, sharded
@@ -92,13 +94,15 @@ def _param_counts(m):
 
 
 def test_scaled_traces_equal_full_traces():
-    """trace_layers=2 (traces of 2 and 3 layers, scaled to 4; 3 of 4 micro-batches) and shorter
-    1F1B warm-ups (1 and 2, scaled to 3) give exactly the figures of a trace of everything."""
-    four = Model("four", layers=4, hidden=64, heads=4, kv_heads=2, ffn=128, mlp_matrices=3, seq_len=32, vocab=256)
-    for lay, m, kw in [(Layout(dp=2, zero=3), 4, {"trace_layers": 2}), (Layout(dp=1, pp=4, zero=3), 4, {})]:
-        part = fw.simulate(four, lay, micro_batches=m, **kw)
+    """trace_layers=2 (traces of 2, 3 and 4 layers, scaled to 5; 3 of 4 micro-batches) and shorter
+    1F1B warm-ups (1, 2 and 3, scaled to stage 0's 5 of PP 6) give exactly the figures of a trace of
+    everything."""
+    five = Model("five", layers=5, hidden=64, heads=4, kv_heads=2, ffn=128, mlp_matrices=3, seq_len=32, vocab=256)
+    six = replace(five, layers=6)
+    for model, lay, m, kw in [(five, Layout(dp=2, zero=3), 4, {"trace_layers": 2}), (six, Layout(dp=1, pp=6, zero=3), 6, {})]:
+        part = fw.simulate(model, lay, micro_batches=m, **kw)
         assert len(part.notes) >= (2 if kw else 1), "nothing was scaled: the test would not test the scaling"
-        full = fw.simulate(four, lay, micro_batches=m, extrapolate=False)
+        full = fw.simulate(model, lay, micro_batches=m, extrapolate=False)
         assert (part.memory, part.held, part.comm, part.flops) == (full.memory, full.held, full.comm, full.flops)
 
 
@@ -177,3 +181,29 @@ def test_recomputation_keeps_only_block_inputs():
     plain = fw.simulate(TINY, Layout(dp=2, zero=3), micro_batches=1)
     ac = fw.simulate(TINY, Layout(dp=2, zero=3, recompute="full"), micro_batches=1)
     assert ac.memory["activations"] < plain.memory["activations"] and ac.flops > plain.flops
+
+
+def test_sequence_parallel_all_gathers_the_whole_activation():
+    """Each all-gather of sequence parallelism (DTensor's functional collective, which receives
+    its input shard) is recorded with the whole buffer it fills: b x s x h x 2 bytes, over TP."""
+    r = fw.simulate(TINY, Layout(dp=1, tp=2, zero=3), micro_batches=1)
+    ag = [c for c in r.comm if c["kind"] == "all_gather" and c["axis"] == "tp"]
+    assert len(ag) == 1 and ag[0]["group_size"] == 2 and ag[0]["calls"] >= 4 * TINY.layers
+    assert ag[0]["bytes"] == ag[0]["calls"] * TINY.seq_len * TINY.hidden * 2
+
+
+def test_planner_activations_with_the_models_shapes_match_pytorch():
+    """The planner's activation_model="pytorch" (the model's own FFN, gating and KV heads; PyTorch's
+    SP keeping the gathered inputs) is what one layer of PyTorch's code keeps, to the FP32 scalars
+    per token (norms' 1/rms, attention's log-sum-exp) it leaves out; the chapter's GPT-3 formula is
+    far from it for a SwiGLU/GQA model with sequence parallelism."""
+    from helpers.planner import Rules, activation_bytes
+
+    model = Model("swiglu", layers=5, hidden=64, heads=4, kv_heads=2, ffn=192, mlp_matrices=3, seq_len=512, vocab=256)
+    lay = Layout(dp=1, tp=2, zero=3, micro_batch=4)  # activations dominate the peak
+    measured = fw.simulate(model, lay, micro_batches=1, trace_layers=2).per_layer["activations"]
+    per_layer = lambda am: activation_bytes(model, lay, 1, Rules(dropout=False, activation_model=am))["per layer"]
+    assert abs(measured / per_layer("pytorch") - 1) < 0.03
+    assert measured / per_layer("korthikanti") > 1.3 and measured / per_layer("shapes") > 1.1
+    with pytest.raises(ValueError, match="activation_model"):
+        Rules(activation_model="guess")
