@@ -6,6 +6,8 @@ Prints one `name: value` line per figure:
                                  of one 131,072-token sequence; ZeRO-2) at 16,384 ranks, as the 12.4.2
                                  notebook runs it (trace_layers=2, shortened 1F1B warm-up); target
                                  < 60 on the 2-core machine
+  fake_405b_16384_cpu_s          the CPU seconds it took (the tracing is single-threaded Python: its wall
+                                 time on a quiet machine; wall times here are under other helpers' load)
   fake_405b_16384_full_s         the same with every layer and micro-batch traced (no extrapolation)
   planner_vs_fake_max_rel_err    over the configurations of helpers.fake_cases (12.1.1 ... P.11):
                                  the largest |PyTorch / planner - 1| of the per-device peak memory,
@@ -24,9 +26,10 @@ from helpers.memory import GB
 def main():
     cases = fake_cases.cases()
     llama = next(c for k, c in cases.items() if k.startswith("12.4.2") and "(128K)" in k)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     step = llama.simulate()
     print(f"fake_405b_16384_s: {time.perf_counter() - t0:.1f}")
+    print(f"fake_405b_16384_cpu_s: {time.process_time() - c0:.1f}  (CPU seconds of this process: its wall time on a quiet machine)")
     if "--quick" not in sys.argv:
         t0 = time.perf_counter()
         full = llama.simulate(extrapolate=False, trace_layers=None, max_layer_passes=10_000)

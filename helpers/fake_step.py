@@ -248,6 +248,7 @@ def run_step(model, layout, parts, m: int, *, on_boundary=None, warm: int | None
         _exchange(recvs=[(g, nxt)] if g is not None else ())
         dx = backward(i, g)
         _exchange(sends=[(dx, prev)] if dx is not None else ())
+    mark("opt", m)
     parts["opt"].step()
     mark("end", m)
 
@@ -396,19 +397,33 @@ def _measure(model, layout, parts, m, *, init, boundaries, t0, warm):
     tracker = memtracker_class()()
     tracker.track_external(parts["stage"], parts["opt"])
     flops = flop_counter()
-    marks = []
+    marks, phases, current = [], {}, ["start"]
+
+    def close_phase():
+        """Keep the peak of the stretch since the last boundary under its kind (forward, backward,
+        optimizer), and start a new stretch: each kind's peak grows linearly with the layers and
+        the micro-batches in flight, and the step's peak is the largest of them."""
+        snap = _categories(tracker.get_tracker_snapshot("peak"))
+        kind = current[0]
+        if kind not in phases or snap["total"] > phases[kind]["total"]:
+            phases[kind] = snap
+        tracker._peak_mem_snap = tracker.get_tracker_snapshot("current")
+        tracker._peak_mem = {dev: d["Total"] for dev, d in tracker._peak_mem_snap.items()}
 
     def mark(kind, i):
+        close_phase()
+        current[0] = {"F": "forward", "B": "backward", "opt": "optimizer", "end": "end"}[kind]
         if boundaries:
             marks.append((kind, i, len(log.ops), flops.get_total_flops()))
 
     with tracker, CommLog() as log, flops:
         run_step(model, layout, parts, m, on_boundary=mark, warm=warm)
-    peak = _categories(tracker.get_tracker_snapshot("peak"))
+        close_phase()
+    peak = max(phases.values(), key=lambda snap: snap["total"])
     held = _categories(tracker.get_tracker_snapshot("current"))
     axes = _axes(parts)
     ops = [(o.op, o.bytes, o.group_size, axes.get(o.group, "?")) for o in log.ops]
-    return {"peak": peak, "held": held, "ops": ops,
+    return {"peak": peak, "phases": phases, "held": held, "ops": ops,
             "flops": flops.get_total_flops(), "marks": marks, "layers": len(parts["layer_ids"]),
             "coords": parts["coords"], "wall_s": time.perf_counter() - t0}
 
