@@ -36,8 +36,8 @@ def main():
     print(f"launch_repeat_s: {sorted(repeats)[2]:.3f}")
     sizes = {f"{mb}MB": mb * 2 ** 20 for mb in (1, 4, 16, 64)}
     for n in (2, 4):
-        lib = launcher.launch(time_allreduce_worker, list(sizes.values()), 5, False, world_size=n, quiet=True, timeout=300)
-        hand = launcher.launch(time_allreduce_worker, list(sizes.values()), 5, True, world_size=n, quiet=True, timeout=300)
+        lib = launcher.launch(time_allreduce_worker, list(sizes.values()), 5, False, "median", world_size=n, quiet=True, timeout=300)
+        hand = launcher.launch(time_allreduce_worker, list(sizes.values()), 5, True, "median", world_size=n, quiet=True, timeout=300)
         for name, s in sizes.items():
             # the slowest rank's median is the collective's time
             t_lib = max(r[s] for r in lib.results)

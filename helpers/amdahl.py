@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .validate import durations, integer_at_least
+
 
 def _arr(x, name: str) -> np.ndarray:
     if isinstance(x, bool) or (isinstance(x, np.ndarray) and x.dtype == bool):
@@ -192,10 +194,8 @@ def granular_time(n_tasks: int, task_s: float, serial_s: float, n: int) -> float
     Amdahl's ``time_on`` divides the parallel part as if it were a fluid: n_tasks * task_s / n.
     """
     for name, v in (("n_tasks", n_tasks), ("n", n)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-            raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
-    if task_s < 0 or serial_s < 0:
-        raise ValueError(f"durations must be >= 0, got task_s={task_s}, serial_s={serial_s}")
+        integer_at_least(v, name)
+    durations([task_s, serial_s], "the durations task_s and serial_s")
     return -(-n_tasks // n) * task_s + serial_s
 
 

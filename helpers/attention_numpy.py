@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .validate import equal_parts, index_below, integer_at_least
+
 
 def _check_qkv(q, k, v):
     q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
@@ -128,11 +130,9 @@ def merge(a: Partial, b: Partial) -> Partial:
 
 def split_blocks(n: int, n_blocks: int) -> list[np.ndarray]:
     """Key indices 0..n-1 cut into ``n_blocks`` contiguous blocks; ValueError unless it divides."""
-    if n_blocks < 1 or n < 1:
-        raise ValueError(f"need n >= 1 and n_blocks >= 1, got n={n}, n_blocks={n_blocks}")
-    if n % n_blocks:
-        raise ValueError(f"{n_blocks} blocks do not divide {n} keys evenly ({n} % {n_blocks} = {n % n_blocks})")
-    return np.split(np.arange(n), n_blocks)
+    integer_at_least(n, "n (keys)")
+    blocks = equal_parts(n, n_blocks, "{k} blocks do not divide {n} keys evenly ({n} % {k} = {r})")
+    return [np.arange(b.start, b.stop) for b in blocks]
 
 
 def online_attention(q, k, v, n_blocks: int, order=None, mask=None, scale=None):
@@ -170,8 +170,7 @@ def tree_attention(q, k, v, n_blocks: int, mask=None, scale=None):
 
 def ring_order(rank: int, p: int) -> list[int]:
     """The order in which rank ``rank`` of a ring of ``p`` sees the key blocks: r, r-1, r-2, ..."""
-    if not 0 <= rank < p:
-        raise ValueError(f"rank must be in [0, p), got rank={rank}, p={p}")
+    index_below(rank, "rank", p)
     return [(rank - j) % p for j in range(p)]
 
 

@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 from fractions import Fraction
 
+from . import costs
 from .memory import GB
-from .planner import DATA, Cluster, Layout, Model, Rules, assess, h100_cluster, hardware
+from .planner_assess import Layout, Rules, assess
+from .planner_specs import DATA, Cluster, Model, h100_cluster, hardware
 
 CONFIGS = DATA / "configs"
 NAMES = ("llama3_405b", "deepseek_v3", "gemma2")
@@ -109,6 +111,46 @@ def deepseek_ratio(global_batch: int = 15360) -> dict:
     return {"compute s": compute, "all-to-all s (top-8 copies over IB)": a.time["ep"],
             "all-to-all s (<= 4 node copies over IB)": a.time["ep"] * nodes / model.top_k,
             "ratio, 8 copies": compute / a.time["ep"], "ratio, 4 copies": compute / (a.time["ep"] * nodes / model.top_k)}
+
+
+def deepseek_ep(seq_len: int = 4096, micro_batch: int = 1) -> dict:
+    """DeepSeek-V3's expert parallelism read back from the shapes (12.4.2): parameters per GPU under
+    PP 16 x EP 64 without TP, and the bytes each GPU sends in one MoE layer's forward for a micro-batch
+    of ``micro_batch`` x ``seq_len`` tokens, beside tensor parallelism over the same experts.
+
+    Dispatch travels in FP8 and combine in BF16 (report Section 3.3.3; the backward's two
+    all-to-alls the same). EP sends each token's top-k copies, (EP-1)/EP of them to other GPUs
+    (:func:`helpers.costs.moe_all_to_all_sent`, even routing). TP over the experts instead splits
+    every expert's matrices t ways and all-reduces the layer's output, s b h BF16 values, once
+    forward (and once backward); its t GPUs share one micro-batch, so for the same tokens per GPU
+    each sends t all-reduces' worth (:func:`helpers.costs.allreduce_bytes`). Returns two dicts of
+    name -> value: ``params`` (counts) and ``bytes`` (bytes sent per GPU).
+    """
+    cfg = load("deepseek_v3")
+    m, ep, pp, comm = cfg["model"], cfg["parallelism"]["ep"], cfg["parallelism"]["pp"], cfg["moe_communication"]
+    c = deepseek_model(seq_len).counted()
+    h, k, E = m["hidden"], m["top_k"], m["routed_experts"]
+    tokens = seq_len * micro_batch
+    routed, rest = c["routed experts"], sum(c.values()) - c["routed experts"]
+    expert = E // ep * costs.mlp_params(h, m["expert_ffn"], m["mlp_matrices"])
+    other = c["attention"] / m["layers"] + c["shared experts and routers"] / m["moe_layers"]
+    params = {"experts per GPU per MoE layer": E // ep,
+              "one MoE layer on one GPU: routed experts": expert,
+              "one MoE layer on one GPU: attention, shared expert, router": other,
+              "one MoE layer on one GPU: the same with TP 8 on the non-expert parts": expert + other / 8,
+              "per GPU, 16 stages averaged: routed experts": routed / (pp * ep),
+              "per GPU, 16 stages averaged: everything else": rest / pp,
+              "per GPU, 16 stages averaged: total": routed / (pp * ep) + rest / pp}
+    sent = {b: costs.moe_all_to_all_sent(tokens, k, h, ep, b) for b in (1, 2)}
+    out = costs.allreduce_bytes
+    nbytes = {"EP 64 dispatch (FP8)": sent[comm["dispatch_bytes_per_value"]],
+              "EP 64 combine (BF16)": sent[comm["combine_bytes_per_value"]],
+              "EP 64 dispatch + combine, as published": sent[comm["dispatch_bytes_per_value"]] + sent[comm["combine_bytes_per_value"]],
+              "EP 64 dispatch + combine, both BF16": 2 * sent[2],
+              "TP 64 over the experts, per micro-batch (shared by 64 GPUs)": out(ep, tokens * h * 2),
+              "TP 64 over the experts, same tokens per GPU as EP": ep * out(ep, tokens * h * 2),
+              "TP 8 over the experts (in the node), same tokens per GPU": 8 * out(8, tokens * h * 2)}
+    return {"params": params, "bytes": nbytes}
 
 
 # ---- Gemma 2 -------------------------------------------------------------------------------------

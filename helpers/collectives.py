@@ -12,6 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import costs
+from .validate import integer_at_least
+
 
 # ---- numpy: the ring, step by step -----------------------------------------------------------
 
@@ -91,34 +94,50 @@ def bytes_sent_per_device(states: list[RingStep], bytes_per_element: int = 8) ->
 # ---- the α-β model -----------------------------------------------------------------------------
 
 def ring_allreduce_bytes(n: int, size_bytes: float) -> float:
-    """Bytes each device sends in a ring all-reduce of ``size_bytes``: 2(N-1)/N * S (P.7)."""
-    if n < 1:
-        raise ValueError(f"need N >= 1 devices, got {n}")
-    if size_bytes < 0:
-        raise ValueError(f"message size must be >= 0, got {size_bytes}")
-    return 2 * (n - 1) / n * size_bytes
+    """Bytes each device sends in a ring all-reduce of ``size_bytes``: 2(N-1)/N * S (P.7;
+    :func:`helpers.costs.allreduce_bytes`)."""
+    return costs.allreduce_bytes(n, size_bytes)
 
 
 def alpha_beta_time(n: int, size_bytes, alpha: float, beta: float):
-    """T = 2(N-1) α + 2(N-1)/N · S / β (P.7): α seconds per step, β bytes per second per link."""
-    if alpha < 0 or beta <= 0:
-        raise ValueError(f"need alpha >= 0 and beta > 0, got alpha={alpha}, beta={beta}")
-    size_bytes = np.asarray(size_bytes, dtype=float)
-    return 2 * (n - 1) * alpha + ring_allreduce_bytes(n, 1.0) * size_bytes / beta
+    """T = 2(N-1) α + 2(N-1)/N · S / β (P.7): α seconds per step, β bytes per second per link.
+
+    ``size_bytes`` may be a number, a list or an array (:func:`helpers.costs.alpha_beta_time`).
+    """
+    return costs.alpha_beta_time(n, np.asarray(size_bytes, dtype=float), alpha, beta)
 
 
 def fit_alpha_beta(n: int, sizes_bytes, times_s) -> tuple[float, float]:
-    """Least-squares α (s) and β (bytes/s) of the ring model from measured all-reduce times."""
+    """α (s) and β (bytes/s) of the ring model fitted to measured all-reduce times (P.7).
+
+    Least squares on *relative* residuals, (model - t) / t: timing noise grows with the time, and
+    so weighted the small messages fix α while the large ones fix β (unweighted, the largest
+    message's noise alone sets α). α is kept >= 0: when the free fit gives α < 0, β is refitted
+    with α = 0, the constrained least-squares optimum. ValueError when the times do not grow with
+    the message size (a bandwidth term that is not positive): such timings are noise, and the
+    message says so with the smallest and largest sizes' times.
+    """
     sizes_bytes, times_s = np.asarray(sizes_bytes, float), np.asarray(times_s, float)
-    if n < 2:
-        raise ValueError(f"fitting needs N >= 2 devices, got {n}")
-    if sizes_bytes.shape != times_s.shape or len(sizes_bytes) < 2:
+    integer_at_least(n, "N (fitting needs two devices or more)", 2)
+    if sizes_bytes.ndim != 1 or sizes_bytes.shape != times_s.shape or len(sizes_bytes) < 2:
         raise ValueError("need at least two (size, time) pairs of equal length")
-    A = np.column_stack([np.full_like(sizes_bytes, 2 * (n - 1)), ring_allreduce_bytes(n, 1.0) * sizes_bytes])
-    (alpha, inv_beta), *_ = np.linalg.lstsq(A, times_s, rcond=None)
+    if not (np.all(np.isfinite(times_s)) and np.all(times_s > 0)):
+        raise ValueError(f"times must be finite and > 0 seconds, got {times_s.tolist()}")
+    if not (np.all(np.isfinite(sizes_bytes)) and np.all(sizes_bytes >= 0)) or np.ptp(sizes_bytes) == 0:
+        raise ValueError(f"sizes must be finite, >= 0 and not all equal, got {sizes_bytes.tolist()}")
+    A = np.column_stack([np.full_like(sizes_bytes, costs.ring_steps("all_reduce", n)),
+                         ring_allreduce_bytes(n, 1.0) * sizes_bytes]) / times_s[:, None]
+    (alpha, inv_beta), *_ = np.linalg.lstsq(A, np.ones_like(times_s), rcond=None)
     if inv_beta <= 0:
-        raise ValueError("the fitted bandwidth term is not positive: measure larger messages")
-    return max(alpha, 0.0), 1.0 / inv_beta
+        lo, hi = np.argmin(sizes_bytes), np.argmax(sizes_bytes)
+        raise ValueError(
+            f"the fitted bandwidth term is not positive: the measured times do not grow with message size "
+            f"({sizes_bytes[lo]:.0f} B: {times_s[lo] * 1e3:.3g} ms, {sizes_bytes[hi]:.0f} B: {times_s[hi] * 1e3:.3g} ms); "
+            "they are noise, not a transfer cost (a loaded machine?): measure larger messages, or take the minimum of more repeats")
+    if alpha < 0:  # the boundary α = 0: one-parameter least squares for 1/β
+        alpha, x = 0.0, A[:, 1]
+        inv_beta = float(x.sum() / (x @ x))
+    return float(alpha), float(1.0 / inv_beta)
 
 
 # ---- torch: a ring all-reduce by hand ------------------------------------------------------------
@@ -176,10 +195,27 @@ def ring_check_worker(numel: int = 1 << 12, seed: int = 0):
     return {"max_abs_diff": (mine - reference).abs().max().item(), "numel": numel}
 
 
-def time_allreduce_worker(sizes_bytes=(1 << 10, 1 << 16, 1 << 20, 1 << 22), repeats: int = 5, hand: bool = False):
-    """Median wall time of an all-reduce (library or hand ring) per message size, on this rank.
+def _synchronize(dev) -> None:
+    """Wait until the GPU has done the work queued on ``dev`` (NCCL collectives return as soon as
+    they are queued); nothing to wait for on a CPU rank, whose gloo calls return when done."""
+    if dev.type == "cuda":
+        import torch
 
-    float32 messages; one warm-up call per size; the same clock on every rank around a barrier.
+        torch.cuda.synchronize(dev)
+
+
+def time_allreduce_worker(sizes_bytes=(1 << 10, 1 << 14, 1 << 18, 1 << 22, 1 << 24), repeats: int = 5,
+                          hand: bool = False, statistic: str = "min"):
+    """Seconds of one all-reduce (library or hand ring) per message size, on this rank: the
+    fastest of ``repeats`` calls (``statistic="min"``) or their median.
+
+    The minimum is the default because load only ever adds time: a rank waiting for a core stalls
+    the whole ring, so the fastest repeat is the nearest to the collective's own cost. (On two
+    shared cores at load ~17, the median of 7 repeats of a 1 KB all-reduce ranged 2-15 ms, more than
+    a 4 MB message's bandwidth term, and P.7's fit once found no bandwidth term; the minimum
+    stayed within 1.2-2 ms.) float32 messages; one warm-up call per size; the ranks lined up by a
+    barrier before each call; on a GPU the device is synchronised before the clock starts and
+    before it stops (:func:`helpers.worker.device` says which).
     """
     import statistics
     import time
@@ -187,20 +223,25 @@ def time_allreduce_worker(sizes_bytes=(1 << 10, 1 << 16, 1 << 20, 1 << 22), repe
     import torch
     import torch.distributed as dist
 
+    from .validate import one_of
     from .worker import device
 
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    integer_at_least(repeats, "repeats")
+    pick = {"min": min, "median": statistics.median}[one_of(statistic, "statistic", ("min", "median"))]
+    dev = device()
+    op = ring_all_reduce if hand else dist.all_reduce
     out = {}
     for size in sizes_bytes:
-        x = torch.ones(max(1, int(size) // 4), device=device())
-        op = ring_all_reduce if hand else dist.all_reduce
+        x = torch.ones(max(1, int(size) // 4), device=dev)
         op(x)  # warm-up
+        _synchronize(dev)
         times = []
         for _ in range(repeats):
             dist.barrier()
+            _synchronize(dev)
             t0 = time.perf_counter()
             op(x)
+            _synchronize(dev)
             times.append(time.perf_counter() - t0)
-        out[int(size)] = statistics.median(times)
+        out[int(size)] = pick(times)
     return out

@@ -6,20 +6,23 @@ worker code needs no hand counting:
 
 * every ``torch.distributed`` call reaches the c10d dispatcher ops (``c10d.allreduce_``,
   ``c10d.send``, ...), also the ones that DDP, FSDP and DTensor issue from inside PyTorch;
-  a ``TorchDispatchMode`` sees each of them and records its op, payload bytes and group size;
+  a ``TorchDispatchMode`` sees each of them and records its op, payload bytes, group size and
+  the group's members (``CommOp.group_ranks``: which communicator carried it);
 * ``span("name")`` marks a stretch of wall time (compute, communication, ...) on this rank.
 
 Payload bytes ``S`` are the bytes of the whole buffer an op concerns (the tensor all-reduced, the
 full output of an all-gather, the full input of a reduce-scatter, the tensor sent or received).
 ``model_sent`` is what a ring algorithm sends from each rank for that payload, the textbook cost
-of P.7: ``2(N-1)/N*S`` for all-reduce, ``(N-1)/N*S`` for all-gather, reduce-scatter and
-all-to-all. For ``send`` it is exact: the bytes handed to the wire.
+of P.7 (:func:`helpers.costs.ring_bytes_sent`): ``2(N-1)/N*S`` for all-reduce, ``(N-1)/N*S`` for
+all-gather, reduce-scatter and all-to-all. For ``send`` it is exact: the bytes handed to the wire.
 """
 from __future__ import annotations
 
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
+
+from .costs import ring_bytes_sent
 
 # c10d dispatcher op name -> (our name, which positional argument holds the payload tensors)
 _OPS = {
@@ -65,7 +68,10 @@ class CommOp:
     bytes: int
     group_size: int
     t: float  # seconds since the job started on this rank, when the call was issued
-    group: str = ""  # the process group's name, where the call names one
+    seq: int = 0  # the call's number on its group, from 1 (collectives; send/recv count per peer)
+    group: str = ""  # the process group's name ("0" is the default group)
+    peer: int | None = None  # send/recv: the global rank at the other end
+    group_ranks: tuple | None = None  # the group's members (global ranks): which communicator carried it
 
     @property
     def model_sent(self) -> float:
@@ -86,29 +92,6 @@ class Span:
         return self.end - self.start
 
 
-def ring_bytes_sent(op: str, payload_bytes: float, group_size: int) -> float:
-    """Bytes one rank sends for a collective of ``payload_bytes`` on a ring of ``group_size``.
-
-    P.7: a ring all-reduce sends 2(N-1)/N*S per rank, reduce-scatter and all-gather each half of
-    that; a send sends S. Ops without a single standard cost (broadcast, reduce, gather, scatter)
-    are counted as S, the bytes the root's tree or pipeline must push at least once.
-    """
-    if group_size < 1:
-        raise ValueError(f"group_size must be >= 1, got {group_size}")
-    if payload_bytes < 0:
-        raise ValueError(f"payload_bytes must be >= 0, got {payload_bytes}")
-    n = group_size
-    if op == "all_reduce":
-        return 2 * (n - 1) / n * payload_bytes
-    if op in ("all_gather", "reduce_scatter", "all_to_all"):
-        return (n - 1) / n * payload_bytes
-    if op in ("recv", "barrier"):
-        return 0.0
-    if op == "send":
-        return float(payload_bytes)
-    return float(payload_bytes) if n > 1 else 0.0
-
-
 def _tensor_bytes(obj) -> int:
     import torch
 
@@ -119,35 +102,41 @@ def _tensor_bytes(obj) -> int:
     return 0
 
 
-def _group(args) -> tuple:
-    """(size, name) of the process group a call names (the default group's size if none)."""
+def _find_group(args):
+    """The process group a c10d call concerns, or the number of ranks where only a list is given."""
     import torch
     import torch.distributed as dist
 
     for a in args:
         if isinstance(a, dist.ProcessGroup):
-            return a.size(), a.group_name
+            return a
         if isinstance(a, torch.ScriptObject):  # c10d dispatcher ops receive the group boxed
             try:
-                pg = dist.ProcessGroup.unbox(a)
-                return pg.size(), pg.group_name
+                return dist.ProcessGroup.unbox(a)
             except Exception:  # pragma: no cover - not a process group
                 pass
         if isinstance(a, (list, tuple)) and a and all(isinstance(r, int) for r in a):
-            return len(a), ""  # functional collectives: a list of ranks
+            return tuple(a)  # functional collectives: a list of ranks
     for a in args:
         if isinstance(a, str):  # functional collectives: a group name
             try:
                 from torch.distributed.distributed_c10d import _resolve_process_group
 
-                return _resolve_process_group(a).size(), a
+                return _resolve_process_group(a)
             except Exception:  # pragma: no cover - depends on torch internals
                 pass
-    return (dist.get_world_size() if dist.is_initialized() else 1), ""
+    return None
 
 
 def _group_size(args) -> int:
-    return _group(args)[0]
+    import torch.distributed as dist
+
+    g = _find_group(args)
+    if isinstance(g, tuple):
+        return len(g)
+    if g is not None:
+        return g.size()
+    return dist.get_world_size() if dist.is_initialized() else 1
 
 
 def _make_mode_class():
@@ -166,27 +155,73 @@ def _make_mode_class():
             if table is not None and name in table:
                 op, idx = table[name]
                 nbytes = 0 if idx is None else _tensor_bytes(args[idx])
-                size, group = _group(list(args) + list(kwargs.values()))
                 if ns == "_c10d_functional" and op == "all_gather":
-                    nbytes *= size  # a functional all-gather receives its input: the whole buffer is size x that
-                self.log.ops.append(CommOp(op, nbytes, size, self.log.now(), group))
+                    # a functional all-gather receives its input: the whole buffer is group size x that
+                    nbytes *= _group_size(list(args) + list(kwargs.values()))
+                self.log.record(op, nbytes, list(args) + list(kwargs.values()), name)
             return func(*args, **kwargs)
 
     return _Recorder
 
 
 class CommLog:
-    """Records the communication and the spans of one job on one rank."""
+    """Records the communication and the spans of one job on one rank.
 
-    def __init__(self, record_comm: bool = True):
+    Besides the list of calls, it keeps what a hang diagnosis needs (:meth:`status`): how many
+    calls this rank issued on each group (collectives) and to or from each peer (send/recv), the
+    members of each group it used, and the spans open right now.
+    """
+
+    def __init__(self, record_comm: bool = True, profiling: bool = False):
         self.ops: list[CommOp] = []
         self.spans: list[Span] = []
         self.t0 = time.perf_counter()
         self.record_comm = record_comm
+        self.profiling = profiling  # spans also become torch.profiler ranges
+        self.counts: dict[tuple, int] = {}  # (group, ) or (group, "send"/"recv", peer) -> calls issued
+        self.groups: dict[str, tuple[int, ...]] = {}  # group name -> its global ranks
+        self.open_spans: list[str] = []
         self._mode = None
 
     def now(self) -> float:
         return time.perf_counter() - self.t0
+
+    def record(self, op: str, nbytes: int, args, c10d_name: str = ""):
+        """Append one call: its payload, its group and its number on that group (or peer)."""
+        import torch.distributed as dist
+
+        g = _find_group(args)
+        if isinstance(g, tuple):  # functional collectives name their ranks
+            size, gname, members = len(g), "", g
+        elif g is None:
+            size, gname = _group_size(()), ""
+            members = tuple(range(size)) if dist.is_initialized() else None
+        else:
+            size, gname = g.size(), g.group_name
+            if gname not in self.groups:
+                self.groups[gname] = tuple(dist.get_process_group_ranks(g))
+            members = self.groups[gname]
+        peer = None
+        if op in ("send", "recv"):
+            local = args[2] if c10d_name in ("send", "recv_") and len(args) > 2 and isinstance(args[2], int) else None
+            ranks = self.groups.get(gname)
+            peer = ranks[local] if local is not None and ranks and 0 <= local < len(ranks) else local
+            key = (gname, op, peer)
+        else:
+            key = (gname,)
+        seq = self.counts[key] = self.counts.get(key, 0) + 1
+        self.ops.append(CommOp(op, nbytes, size, self.now(), seq, gname, peer, members))
+
+    def status(self) -> dict:
+        """What this rank last did, for a hang diagnosis (read from another thread)."""
+        last = self.ops[-1] if self.ops else None
+        return {
+            "last_op": last,
+            "counts": dict(self.counts),
+            "groups": dict(self.groups),
+            "span": self.open_spans[-1] if self.open_spans else None,
+            "last_span": self.spans[-1].name if self.spans else None,
+        }
 
     def __enter__(self):
         global _ACTIVE
@@ -213,20 +248,74 @@ def active_log() -> CommLog | None:
     return _ACTIVE
 
 
+@dataclass(frozen=True)
+class Mark:
+    """A point in this rank's communication log, from :func:`mark` (``log`` is None outside a job)."""
+
+    log: CommLog | None
+    index: int
+
+
+def mark() -> Mark:
+    """The current end of the active log: ``m = mark(); ...; ops_since(m)`` are the calls made in between."""
+    return Mark(_ACTIVE, len(_ACTIVE.ops) if _ACTIVE is not None else 0)
+
+
+def ops_since(start: Mark, end: Mark | None = None) -> list[CommOp]:
+    """The operations recorded after ``start`` (and before ``end``, if given); [] outside a launched job."""
+    if start.log is None:
+        return []
+    return start.log.ops[start.index:None if end is None else end.index]
+
+
+def as_tuples(ops) -> list[tuple[str, int, int]]:
+    """Each operation as (op, payload bytes, group size): the plain form worker functions return."""
+    return [(o.op, o.bytes, o.group_size) for o in ops]
+
+
+def now() -> float:
+    """The clock of spans and operations: seconds since this rank's job started (inside a job
+    started by :func:`helpers.launcher.launch`), ``time.perf_counter()`` outside one."""
+    return _ACTIVE.now() if _ACTIVE is not None else time.perf_counter()
+
+
+def add_span(name: str, start: float, end: float) -> None:
+    """Record a span measured by hand, on :func:`now`'s clock: for a stretch that no ``with``
+    block can enclose, e.g. an asynchronous all-reduce from its issue to its completion, which a
+    gloo thread reports (P.6). A no-op outside a launched job; ValueError if ``end < start``."""
+    if end < start:
+        raise ValueError(f"a span must not end before it starts: start {start}, end {end}")
+    if _ACTIVE is not None:
+        _ACTIVE.spans.append(Span(name, start, end))
+
+
 @contextmanager
 def span(name: str):
     """Time a named stretch of work on this rank: ``with span("compute"): ...``.
 
     Inside a job started by :func:`helpers.launcher.launch` the span comes back with the results
-    and can be drawn as a per-rank timeline; outside one (e.g. under torchrun) it is a no-op.
+    and can be drawn as a per-rank timeline (and, with ``launch(..., profile=True)``, it is a
+    range in the profiler trace); outside one (e.g. under torchrun) it is a no-op.
     """
     log = _ACTIVE
-    start = log.now() if log else 0.0
+    if log is None:
+        yield
+        return
+    start = log.now()
+    log.open_spans.append(name)
+    scope = None
+    if log.profiling:
+        import torch
+
+        scope = torch.profiler.record_function(name)
+        scope.__enter__()
     try:
         yield
     finally:
-        if log is not None:
-            log.spans.append(Span(name, start, log.now()))
+        if scope is not None:
+            scope.__exit__(None, None, None)
+        log.open_spans.pop()
+        log.spans.append(Span(name, start, log.now()))
 
 
 def summarize(ops: list[CommOp]) -> dict[str, dict[str, float]]:

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import numbers
 import statistics
 import threading
 import time
 from dataclasses import dataclass
+
+from .validate import integer_at_least, positive_number
 
 KINDS = ("serial", "threads", "processes")
 
@@ -45,14 +46,13 @@ def _check_delays(delays) -> dict:
     if not items:
         raise ValueError("need at least one call")
     for k, d in items.items():
-        if isinstance(d, bool) or not isinstance(d, numbers.Real) or d < 0:
-            raise ValueError(f"delays must be >= 0 seconds: call {k!r} has {d!r}")
+        positive_number(d, f"the delay (seconds) of call {k!r}", allow_zero=True)
     return items
 
 
 def _check_limit(limit):
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, numbers.Integral) or limit < 1):
-        raise ValueError(f"limit must be None (no limit) or an integer >= 1, got {limit!r}")
+    if limit is not None:
+        integer_at_least(limit, "limit (None for no limit)")
 
 
 async def run_calls(delays, limit: int | None = None, concurrent: bool = True) -> dict:
@@ -133,16 +133,14 @@ def run_coro(coro):
 
 def count_mod7(n: int) -> int:
     """Pure-Python CPU work (the loop of the chapter's scaling experiment): sum of i*i % 7 over range(n)."""
-    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0:
-        raise ValueError(f"n must be an integer >= 0, got {n!r}")
+    integer_at_least(n, "n", 0)
     return count_mod7_range(0, n)
 
 
 def count_mod7_range(start: int, stop: int) -> int:
     """Sum of i*i % 7 for i in range(start, stop): a slice of :func:`count_mod7`'s work."""
     for name, v in (("start", start), ("stop", stop)):
-        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 0:
-            raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
+        integer_at_least(v, name, 0)
     if stop < start:
         raise ValueError(f"need start <= stop, got start={start}, stop={stop}")
     s = 0
@@ -153,8 +151,7 @@ def count_mod7_range(start: int, stop: int) -> int:
 
 def count_mod7_exact(n: int) -> int:
     """Closed form of :func:`count_mod7` (i*i % 7 has period 7: 0,1,4,2,2,4,1)."""
-    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0:
-        raise ValueError(f"n must be an integer >= 0, got {n!r}")
+    integer_at_least(n, "n", 0)
     cycle = (0, 1, 4, 2, 2, 4, 1)
     q, r = divmod(n, 7)
     return q * sum(cycle) + sum(cycle[:r])
@@ -166,8 +163,7 @@ _BUF: bytes | None = None
 def sha_rounds(rounds: int, mib: int = 4) -> str:
     """Native work that releases the interpreter lock: SHA-256 of a ``mib`` MiB buffer, ``rounds`` times."""
     global _BUF
-    if isinstance(rounds, bool) or not isinstance(rounds, numbers.Integral) or rounds < 0:
-        raise ValueError(f"rounds must be an integer >= 0, got {rounds!r}")
+    integer_at_least(rounds, "rounds", 0)
     if _BUF is None or len(_BUF) != mib << 20:
         _BUF = bytes(mib << 20)
     h = hashlib.sha256()
@@ -191,16 +187,11 @@ def start_processes(workers: int):
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
-    _check_workers(workers)
+    integer_at_least(workers, "workers")
     t0 = time.perf_counter()
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"))
     list(pool.map(_noop, range(workers)))
     return pool, time.perf_counter() - t0
-
-
-def _check_workers(workers):
-    if isinstance(workers, bool) or not isinstance(workers, numbers.Integral) or workers < 1:
-        raise ValueError(f"workers must be an integer >= 1, got {workers!r}")
 
 
 def run_on(kind: str, fn, args: list, workers: int = 2, pool=None) -> tuple[float, list]:
@@ -211,7 +202,7 @@ def run_on(kind: str, fn, args: list, workers: int = 2, pool=None) -> tuple[floa
 
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
-    _check_workers(workers)
+    integer_at_least(workers, "workers")
     if kind == "serial":
         t0 = time.perf_counter()
         out = [fn(a) for a in args]
@@ -253,10 +244,8 @@ class Timing:
 
 def measure(fn, *args, repeats: int = 3, warmup: int = 1, **kwargs) -> Timing:
     """Call ``fn(*args, **kwargs)`` ``warmup`` times (discarded), then ``repeats`` times, timing each."""
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup must be an integer >= 0, got {warmup!r}")
+    integer_at_least(repeats, "repeats")
+    integer_at_least(warmup, "warmup", 0)
     for _ in range(warmup):
         fn(*args, **kwargs)
     out = []
@@ -269,8 +258,7 @@ def measure(fn, *args, repeats: int = 3, warmup: int = 1, **kwargs) -> Timing:
 
 def calibrate(fn, target_s: float, start: int = 1000, max_n: int = 10**9) -> int:
     """The argument ``n`` for which ``fn(n)`` takes about ``target_s`` seconds here (doubling, then scaling)."""
-    if not (isinstance(target_s, numbers.Real) and target_s > 0):
-        raise ValueError(f"target_s must be > 0, got {target_s!r}")
+    positive_number(target_s, "target_s")
     n = start
     while True:
         t0 = time.perf_counter()
@@ -289,10 +277,9 @@ def loop_vs_batch(n_vectors: int = 256, d: int = 256, seed: int = 0, repeats: in
     timings and the max difference of the results."""
     import numpy as np
 
-    if n_vectors < 1 or d < 1:
-        raise ValueError(f"n_vectors and d must be >= 1, got {n_vectors}, {d}")
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
+    integer_at_least(n_vectors, "n_vectors")
+    integer_at_least(d, "d")
+    integer_at_least(repeats, "repeats")
     rng = np.random.default_rng(seed)
     W = rng.normal(size=(d, d))
     X = rng.normal(size=(n_vectors, d))

@@ -18,14 +18,14 @@ all of them, and a 20 s index build that needs the merge.
 from __future__ import annotations
 
 import heapq
-import math
-import numbers
 import os
 import time
 from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from .validate import integer_at_least, positive_number
 
 PRIORITIES = ("order", "longest", "critical")
 
@@ -45,10 +45,7 @@ class DAG:
             raise ValueError("durations must be a non-empty dict {task name: duration}")
         self.durations: dict[str, float] = {}
         for name, d in durations.items():
-            if isinstance(d, bool) or not isinstance(d, numbers.Real) or not math.isfinite(d):
-                raise ValueError(f"duration of task {name!r} must be a finite real number, got {d!r}")
-            if d < 0:
-                raise ValueError(f"durations must be >= 0: task {name!r} has duration {d}")
+            positive_number(d, f"the duration of task {name!r}", allow_zero=True)
             self.durations[name] = d
         self.preds: dict[str, list[str]] = {n: [] for n in self.durations}
         self.succs: dict[str, list[str]] = {n: [] for n in self.durations}
@@ -147,8 +144,7 @@ class DAG:
 
     def scaled(self, factor: float) -> "DAG":
         """The same graph with every duration multiplied by ``factor`` (> 0)."""
-        if not (isinstance(factor, numbers.Real) and factor > 0):
-            raise ValueError(f"factor must be a positive number, got {factor!r}")
+        positive_number(factor, "factor")
         return DAG({n: d * factor for n, d in self.durations.items()}, self.edges)
 
 
@@ -169,19 +165,12 @@ def kind(task: str) -> str:
 
 def embedding_job(n_chunks: int = 100, embed_s: float = 2.0, merge_s: float = 10.0, index_s: float = 20.0) -> DAG:
     """The P.1 job: ``n_chunks`` independent embeddings -> one merge -> one index build."""
-    if isinstance(n_chunks, bool) or not isinstance(n_chunks, numbers.Integral) or n_chunks < 1:
-        raise ValueError(f"n_chunks must be an integer >= 1, got {n_chunks!r}")
+    integer_at_least(n_chunks, "n_chunks")
     durations = {f"embed[{i}]": embed_s for i in range(n_chunks)}
     durations["merge"] = merge_s
     durations["index"] = index_s
     edges = [(f"embed[{i}]", "merge") for i in range(n_chunks)] + [("merge", "index")]
     return DAG(durations, edges)
-
-
-def _check_workers(workers) -> int:
-    if isinstance(workers, bool) or not isinstance(workers, numbers.Integral) or workers < 1:
-        raise ValueError(f"workers must be an integer N >= 1, got {workers!r}")
-    return int(workers)
 
 
 def bounds(dag: DAG, workers: int) -> dict[str, float]:
@@ -190,7 +179,7 @@ def bounds(dag: DAG, workers: int) -> dict[str, float]:
     ``lower``: max(T1/N, T_inf), no schedule is faster. ``greedy_upper``: (T1 - T_inf)/N + T_inf,
     no greedy list schedule is slower (Graham's bound). ``speedup_bound``: min(N, T1/T_inf).
     """
-    n = _check_workers(workers)
+    n = integer_at_least(workers, "the number of workers N")
     t1, tinf = dag.work(), dag.span()
     return {
         "lower": max(t1 / n, tinf),
@@ -302,7 +291,7 @@ def list_schedule(dag: DAG, workers: int, priority: str = "order") -> Schedule:
     ``"order"`` (the graph's task order), ``"longest"`` (longest duration first) or ``"critical"``
     (longest path to the end first). No worker stays idle while a task is ready.
     """
-    n = _check_workers(workers)
+    n = integer_at_least(workers, "the number of workers N")
     if not isinstance(dag, DAG):
         raise ValueError(f"dag must be a helpers.dag.DAG, got {type(dag).__name__}")
     key = _priority_key(dag, priority)
@@ -352,8 +341,7 @@ def burn(seconds: float) -> int:
     Counting CPU time makes a task a fixed amount of work: when more processes than cores share
     the machine, each task takes longer in wall time, as real compute would.
     """
-    if not (isinstance(seconds, numbers.Real) and seconds >= 0):
-        raise ValueError(f"seconds must be >= 0, got {seconds!r}")
+    positive_number(seconds, "seconds", allow_zero=True)
     end = time.process_time() + seconds
     n = 0
     while time.process_time() < end:
@@ -406,7 +394,7 @@ def start_pool(workers: int):
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
-    n = _check_workers(workers)
+    n = integer_at_least(workers, "the number of workers N")
     t0 = time.perf_counter()
     pool = ProcessPoolExecutor(max_workers=n, mp_context=mp.get_context("spawn"))
     list(pool.map(burn, [0.02] * n))  # every process up and helpers imported
@@ -425,7 +413,7 @@ def execute(dag: DAG, workers: int, fn=embedding_task, pool=None) -> Schedule:
     """
     from concurrent.futures import FIRST_COMPLETED, wait
 
-    n = _check_workers(workers)
+    n = integer_at_least(workers, "the number of workers N")
     own = pool is None
     if own:
         pool, _ = start_pool(n)

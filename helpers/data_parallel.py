@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .validate import equal_parts, index_below, integer_at_least
+
 
 # ---- numpy: the P.6 example ------------------------------------------------------------------
 
@@ -20,11 +22,8 @@ def mse_grad(X: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 def split_evenly(n: int, parts: int) -> list[np.ndarray]:
     """Indices 0..n-1 cut into ``parts`` equal shards; ValueError unless ``parts`` divides ``n``."""
-    if parts < 1 or n < 0:
-        raise ValueError(f"need parts >= 1 and n >= 0, got parts={parts}, n={n}")
-    if n % parts:
-        raise ValueError(f"{parts} workers do not divide a batch of {n} evenly ({n} % {parts} = {n % parts})")
-    return np.array_split(np.arange(n), parts)
+    parts = equal_parts(n, parts, "{k} workers do not divide a batch of {n} evenly ({n} % {k} = {r})")
+    return [np.arange(p.start, p.stop) for p in parts]
 
 
 def split_at(n: int, sizes: list[int]) -> list[np.ndarray]:
@@ -50,8 +49,7 @@ def weighted_shard_grads(X, y, w, shards) -> np.ndarray:
 def effective_batch(per_worker: int, workers: int, accumulation: int = 1) -> int:
     """Examples per optimiser update: per-worker batch x workers x accumulation steps (P.6)."""
     for name, v in (("per_worker", per_worker), ("workers", workers), ("accumulation", accumulation)):
-        if not isinstance(v, (int, np.integer)) or v < 1:
-            raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        integer_at_least(v, name)
     return per_worker * workers * accumulation
 
 
@@ -95,39 +93,19 @@ def train_single(steps: int = 5, batch: int = 32, lr: float = 0.1, seed: int = 0
     return [p.detach().clone() for p in model.parameters()], losses
 
 
-def local_full_gradient_worker(X, y, w, sizes):
-    """Data parallelism by hand (P.6): each rank takes its shard, all-reduce(SUM) of n_k * g_k / B.
-
-    Exact for equal and unequal shards alike; returns the gradient every rank ends with.
-    """
-    import torch
-    import torch.distributed as dist
-
-    rank = dist.get_rank()
-    shards = split_at(len(y), list(sizes))
-    idx = shards[rank]
-    g = torch.from_numpy(len(idx) * mse_grad(X[idx], y[idx], w) / len(y))
-    dist.all_reduce(g)  # SUM over ranks
-    return g.numpy()
-
-
 def rank_rows(batch: int, rank: int, world: int) -> slice:
     """The contiguous rows of a ``batch`` that ``rank`` of ``world`` takes in an even split (P.6).
 
     Raises ``ValueError`` naming the constraint unless ``world`` divides ``batch``.
     """
-    if batch % world:
-        raise ValueError(f"world size {world} does not divide the batch {batch}")
-    per = batch // world
-    return slice(rank * per, (rank + 1) * per)
+    mine = equal_parts(batch, world, "world size {k} does not divide the batch {n}")[index_below(rank, "rank", world)]
+    return slice(mine.start, mine.stop)
 
 
 def shard_sizes_for(batch: int, world: int, sizes=None) -> list[int]:
     """Per-rank shard sizes: ``sizes`` as given (checked) or an even split of ``batch``."""
     if sizes is None:
-        if batch % world:
-            raise ValueError(f"world size {world} does not divide the batch {batch}; pass sizes= for unequal shards")
-        return [batch // world] * world
+        return [len(p) for p in equal_parts(batch, world, "world size {k} does not divide the batch {n}; pass sizes= for unequal shards")]
     if len(sizes) != world:
         raise ValueError(f"{len(sizes)} shard sizes given for {world} ranks")
     split_at(batch, list(sizes))  # validates
@@ -146,13 +124,15 @@ def ddp_train_worker(steps: int = 5, batch: int = 32, lr: float = 0.1, seed: int
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    from .worker import device
+
     rank, world = dist.get_rank(), dist.get_world_size()
     sizes = shard_sizes_for(batch, world, sizes)
     lo = sum(sizes[:rank])
     mine = slice(lo, lo + sizes[rank])
-    model = DDP(make_model(seed))
+    model = DDP(make_model(seed).to(device()))  # NCCL reduces CUDA tensors only
     opt = torch.optim.SGD(model.parameters(), lr=lr)
-    X, y = make_batches(steps, batch)
+    X, y = (t.to(device()) for t in make_batches(steps, batch))
     scale = world * sizes[rank] / batch if weighted else 1.0
     for k in range(steps):
         opt.zero_grad()
@@ -210,8 +190,7 @@ def accumulation_worker(micro_batches: int = 4, use_no_sync: bool = True, micro:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    if micro_batches < 1:
-        raise ValueError(f"micro_batches must be >= 1, got {micro_batches}")
+    integer_at_least(micro_batches, "micro_batches")
     ddp = DDP(make_model(seed))
     X, y = make_batches(micro_batches, micro * dist.get_world_size(), seed=seed + 1)
     rank = slice(dist.get_rank() * micro, (dist.get_rank() + 1) * micro)

@@ -1,49 +1,35 @@
-"""The errata list: where the chapters' numbers or definitions are wrong, with the correct value.
+"""The errata: where the chapters' numbers or definitions are off, with the correct value.
 
 Serves every notebook (step 2 of "What every notebook does"): each notebook recomputes its
-section's worked examples and renders its section's rows with :func:`show`. The list lives in
-``data/errata/``, one CSV file per notebook (so that work on two sections never edits the same
-file); together they are one table. One row per claim: ``id, section, claim, book_value, computed_value, verdict, why``.
-Verdicts: ``wrong`` (arithmetic or fact), ``inconsistent`` (a definition or unit that changes
-between places), ``imprecise`` (right to within a rounding or an approximation the book does not
-state).
+section's worked examples and renders its section's errata with :func:`show`. The errata are not
+a list of their own: they are the rows of the claims ledger (:mod:`helpers.claims`,
+``data/claims/``) whose verdict says the book is off: ``wrong`` (arithmetic or fact),
+``inconsistent`` (contradicts another statement, or a definition or unit changes between places),
+``ambiguous`` (true under one unstated assumption only) and ``rounding`` (right to within a
+rounding the book does not state). One source of truth: edit the ledger.
 """
 from __future__ import annotations
 
-import csv
-from pathlib import Path
+from . import claims
 
 COLUMNS = ("id", "section", "claim", "book_value", "computed_value", "verdict", "why")
-VERDICTS = ("wrong", "inconsistent", "imprecise")
-ERRATA_DIR = Path(__file__).resolve().parent.parent / "data" / "errata"
+VERDICTS = claims.ERRATA_VERDICTS
 
 
-def load_file(path: Path | str) -> list[dict[str, str]]:
-    """The rows of one errata CSV, checked for its columns and verdicts."""
-    with open(path, newline="", encoding="utf-8") as f:
-        reader = csv.DictReader(f)
-        if tuple(reader.fieldnames or ()) != COLUMNS:
-            raise ValueError(f"{path}: columns must be {COLUMNS}, got {reader.fieldnames}")
-        rows = list(reader)
-    for row in rows:
-        if row["verdict"] not in VERDICTS:
-            raise ValueError(f"{path}: row {row['id']}: verdict must be one of {VERDICTS}, got {row['verdict']!r}")
-    return rows
+def _as_erratum(row: dict[str, str]) -> dict[str, str]:
+    out = {k: row[k] for k in COLUMNS if k in row}
+    out["computed_value"] = row["our_value"]
+    return out
 
 
-def load(directory: Path | str = ERRATA_DIR) -> list[dict[str, str]]:
-    """Every row of every errata file; ValueError on a repeated id."""
-    rows = [row for p in sorted(Path(directory).glob("*.csv")) for row in load_file(p)]
-    ids = [r["id"] for r in rows]
-    dup = sorted({i for i in ids if ids.count(i) > 1})
-    if dup:
-        raise ValueError(f"errata ids must be unique; repeated: {dup}")
-    return rows
+def load(directory=claims.CLAIMS_DIR) -> list[dict[str, str]]:
+    """Every erratum of every section (the ledger's off rows), with :data:`COLUMNS`."""
+    return [_as_erratum(r) for r in claims.load(directory) if r["verdict"] in VERDICTS]
 
 
-def for_section(section: str, directory: Path | str = ERRATA_DIR) -> list[dict[str, str]]:
-    """The rows for one section id, e.g. ``"12.1.1"`` or ``"P.7"``."""
-    return [r for r in load(directory) if r["section"] == section]
+def for_section(section: str, directory=claims.CLAIMS_DIR) -> list[dict[str, str]]:
+    """The errata of one section id, e.g. ``"12.1.1"`` or ``"P.7"``, in the ledger's order."""
+    return [_as_erratum(r) for r in claims.errata(section, directory)]
 
 
 def as_markdown(rows: list[dict[str, str]]) -> str:

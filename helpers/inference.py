@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .validate import integer_at_least as _int, positive_number as _pos
+from . import costs
+from .validate import index_below, integer_at_least as _int, positive_number as _pos
 
 MECHANISMS = {
     "replicas": {"improves": "throughput and queueing delay (requests wait less)",
@@ -73,7 +74,7 @@ def decode_time_per_token(weight_bytes: float, mem_bw: float, tp: int = 1, layer
     t = _int(tp, "tp (the tensor-parallel degree)")
     L, k = _int(layers, "layers"), _int(allreduces_per_layer, "allreduces_per_layer", 0)
     a, S = _pos(alpha, "alpha", True), _pos(message_bytes, "message_bytes", True)
-    per_ar = a + (2 * (t - 1) / t * S / _pos(link_bw, "link_bw") if link_bw is not None else 0.0)
+    per_ar = a + (costs.allreduce_bytes(t, S) / _pos(link_bw, "link_bw") if link_bw is not None else 0.0)
     n_ar = L * k if t > 1 else 0
     memory, comm = W / t / B, n_ar * per_ar
     total = memory + comm
@@ -184,7 +185,7 @@ def build_decoder(cfg, layers: int, seed: int = 0, dtype=None, group=None) -> li
     """
     import torch
 
-    from .tensor_parallel import ParallelBlock, make_block_params
+    from .tp_block import ParallelBlock, make_block_params
 
     if cfg.p_drop != 0:
         raise ValueError("inference runs without dropout: use a BlockConfig with p_drop=0")
@@ -206,11 +207,11 @@ def decode_inputs(cfg, steps: int, batch: int = 1, seed: int = 1, dtype=None):
 def timed_all_reduces(durations: list):
     """Time every all-reduce the tensor-parallel layers issue (appends seconds to ``durations``).
 
-    Wraps :func:`helpers.tensor_parallel.all_reduce_sum`, the one function through which the
+    Wraps :func:`helpers.tp_layers.all_reduce_sum`, the one function through which the
     row-parallel layers all-reduce, for the duration of the ``with`` block. Calls on a group of
     one rank (no communication) are not counted.
     """
-    from . import tensor_parallel as tpmod
+    from . import tp_layers as tpmod
 
     original = tpmod.all_reduce_sum
 
@@ -268,8 +269,7 @@ def tp_decode_worker(cfg, layers: int = 4, steps: int = 24, warmup: int = 8, bat
     from .commlog import span
 
     dtype = getattr(torch, dtype_name)
-    if not 0 <= warmup < steps:
-        raise ValueError(f"warmup must be in [0, steps), got warmup={warmup}, steps={steps}")
+    index_below(warmup, "warmup (steps not timed)", steps)
     blocks = build_decoder(cfg, layers, seed, dtype)
     xs = decode_inputs(cfg, steps, batch, input_seed, dtype)
     with span("decode"):
@@ -320,7 +320,7 @@ def poisson_workload(n: int, rate: float, mean_tokens: float = 64, seed: int = 0
     with mean ``mean_tokens`` (many short answers, a few long ones)."""
     n = _int(n, "n")
     rate, mean = _pos(rate, "rate"), _pos(mean_tokens, "mean_tokens")
-    if mean < 1:
+    if mean < 1:  # a geometric length of mean < 1 token does not exist
         raise ValueError(f"mean_tokens must be >= 1, got {mean_tokens}")
     rng = np.random.default_rng(seed)
     return Workload(np.cumsum(rng.exponential(1 / rate, n)), rng.geometric(1 / mean, n))

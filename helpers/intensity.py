@@ -20,24 +20,11 @@ its achieved FLOP/s and its intensity) for :func:`roofline_plot`.
 from __future__ import annotations
 
 import math
-import numbers
 import statistics
 import time
 from dataclasses import dataclass
 
-DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "int8": 1}
-
-
-def _pos_int(name, v, minimum=1):
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {v!r}")
-    return int(v)
-
-
-def _pos_real(name, v):
-    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not v > 0 or not math.isfinite(v):
-        raise ValueError(f"{name} must be a finite number > 0, got {v!r}")
-    return v
+from .validate import equal_parts, integer_at_least, positive_number
 
 
 @dataclass(frozen=True)
@@ -59,11 +46,11 @@ class Cost:
 
 def elementwise(n: int, flops_per_element: int = 1, dtype_bytes: int = 4, inputs: int = 1, outputs: int = 1) -> Cost:
     """y = f(x) on ``n`` elements: n tasks, span = one element's work, each element read and written once."""
-    n = _pos_int("n", n)
-    f = _pos_int("flops_per_element", flops_per_element)
-    b = _pos_int("dtype_bytes", dtype_bytes)
-    _pos_int("inputs", inputs)
-    _pos_int("outputs", outputs, 0)
+    n = integer_at_least(n, "n")
+    f = integer_at_least(flops_per_element, "flops_per_element")
+    b = integer_at_least(dtype_bytes, "dtype_bytes")
+    integer_at_least(inputs, "inputs")
+    integer_at_least(outputs, "outputs", 0)
     return Cost("elementwise", n * f, n * b * (inputs + outputs), n, f)
 
 
@@ -75,8 +62,8 @@ def matmul(m: int, k: int, n: int, dtype_bytes: int = 4, reduction: str = "seque
     after another (``reduction="sequential"``), or 1 multiply + ceil(log2 k) add levels
     (``"tree"``).
     """
-    m, k, n = _pos_int("m", m), _pos_int("k", k), _pos_int("n", n)
-    b = _pos_int("dtype_bytes", dtype_bytes)
+    m, k, n = integer_at_least(m, "m"), integer_at_least(k, "k"), integer_at_least(n, "n")
+    b = integer_at_least(dtype_bytes, "dtype_bytes")
     if reduction not in ("sequential", "tree"):
         raise ValueError(f"reduction must be 'sequential' or 'tree', got {reduction!r}")
     span = k if reduction == "sequential" else 1 + math.ceil(math.log2(k))
@@ -88,11 +75,11 @@ def forward(params: float, tokens_per_pass: int, passes: int = 1, bytes_per_para
     """``passes`` forward passes of a model with ``params`` parameters over ``tokens_per_pass``
     tokens each: FLOPs = flops_per_param_token * params * tokens, weights read once per pass
     (attention and KV-cache traffic ignored, as in P.3). ``span`` = passes, ``tasks`` = tokens per pass."""
-    _pos_real("params", params)
-    t = _pos_int("tokens_per_pass", tokens_per_pass)
-    p = _pos_int("passes", passes)
-    b = _pos_int("bytes_per_param", bytes_per_param)
-    f = _pos_int("flops_per_param_token", flops_per_param_token)
+    positive_number(params, "params")
+    t = integer_at_least(tokens_per_pass, "tokens_per_pass")
+    p = integer_at_least(passes, "passes")
+    b = integer_at_least(bytes_per_param, "bytes_per_param")
+    f = integer_at_least(flops_per_param_token, "flops_per_param_token")
     return Cost(name, f * params * t * p, params * b * p, t, p)
 
 
@@ -107,26 +94,33 @@ def autoregressive(params: float, tokens: int, batch: int = 1, bytes_per_param: 
     return forward(params, batch, tokens, bytes_per_param, name="decode")
 
 
+def _check_roofline(**values):
+    for name, v in values.items():
+        positive_number(v, name)
+
+
 def attainable(intensity: float, peak_flops: float, bandwidth: float) -> float:
     """Roofline: the FLOP/s a kernel of this intensity can reach, min(peak, intensity * bandwidth)."""
-    _pos_real("intensity", intensity)
-    return min(_pos_real("peak_flops", peak_flops), intensity * _pos_real("bandwidth", bandwidth))
+    _check_roofline(intensity=intensity, peak_flops=peak_flops, bandwidth=bandwidth)
+    return min(peak_flops, intensity * bandwidth)
 
 
 def ridge(peak_flops: float, bandwidth: float) -> float:
     """The intensity (FLOP/byte) above which a kernel is compute-bound: peak / bandwidth."""
-    return _pos_real("peak_flops", peak_flops) / _pos_real("bandwidth", bandwidth)
+    _check_roofline(peak_flops=peak_flops, bandwidth=bandwidth)
+    return peak_flops / bandwidth
 
 
 def bound_by(intensity: float, peak_flops: float, bandwidth: float) -> str:
     """``"compute"`` or ``"memory"``: which roof limits a kernel of this intensity."""
-    return "compute" if _pos_real("intensity", intensity) >= ridge(peak_flops, bandwidth) else "memory"
+    _check_roofline(intensity=intensity)
+    return "compute" if intensity >= ridge(peak_flops, bandwidth) else "memory"
 
 
 # ---- measuring this machine --------------------------------------------------------------------
 
 def _median_time(fn, repeats: int, warmup: int = 1) -> tuple[float, float]:
-    _pos_int("repeats", repeats)
+    integer_at_least(repeats, "repeats")
     for _ in range(warmup):
         fn()
     ts = []
@@ -141,7 +135,7 @@ def measure_matmul(n: int = 1024, repeats: int = 5, dtype: str = "float32") -> d
     """Time an n x n by n x n matmul in torch; return FLOP/s (2 n^3 / median time)."""
     import torch
 
-    n = _pos_int("n", n)
+    n = integer_at_least(n, "n")
     if dtype not in ("float32", "float64"):
         raise ValueError(f"dtype must be 'float32' or 'float64', got {dtype!r}")
     dt = getattr(torch, dtype)
@@ -156,7 +150,7 @@ def measure_bandwidth(mib: int = 256, repeats: int = 5) -> dict:
     program moves 2 * mib MiB (read + write). Pick ``mib`` well above the last-level cache."""
     import torch
 
-    mib = _pos_int("mib", mib)
+    mib = integer_at_least(mib, "mib")
     x = torch.rand(mib << 18)
     y = torch.rand(mib << 18)
     t, spread = _median_time(lambda: y.copy_(x), repeats)
@@ -177,8 +171,8 @@ def measure_kernels(d: int = 4096, tokens: int = 256, elements: int = 2**25, cha
     """
     import torch
 
-    d, tokens = _pos_int("d", d), _pos_int("tokens", tokens)
-    elements, chain_steps = _pos_int("elements", elements), _pos_int("chain_steps", chain_steps)
+    d, tokens = integer_at_least(d, "d"), integer_at_least(tokens, "tokens")
+    elements, chain_steps = integer_at_least(elements, "elements"), integer_at_least(chain_steps, "chain_steps")
     g = torch.Generator().manual_seed(0)
     W = torch.randn(d, d, generator=g) / math.sqrt(d)
     X = torch.randn(tokens, d, generator=g)
@@ -215,8 +209,7 @@ def roofline_plot(peak_flops: float, bandwidth: float, points: dict | None = Non
     import matplotlib.pyplot as plt
     import numpy as np
 
-    _pos_real("peak_flops", peak_flops)
-    _pos_real("bandwidth", bandwidth)
+    _check_roofline(peak_flops=peak_flops, bandwidth=bandwidth)
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 4))
     xs = [i for i, _ in (points or {}).values()] + list((marks or {}).values()) + [ridge(peak_flops, bandwidth)]
@@ -249,10 +242,8 @@ def matmul_rows_worker(A, B):
 
     rank, world = dist.get_rank(), dist.get_world_size()
     m = A.shape[0]
-    if m % world:
-        raise ValueError(f"the world size {world} must divide the {m} rows of A")
-    rows = m // world
-    a = torch.as_tensor(A[rank * rows:(rank + 1) * rows], device=device())
+    rows = equal_parts(m, world, "the world size {k} must divide the {n} rows of A")[rank]
+    a = torch.as_tensor(A[rows.start:rows.stop], device=device())
     b = torch.as_tensor(B, device=device())
     with span("compute"):
         block = (a @ b).contiguous()
@@ -273,7 +264,7 @@ def chain_worker(W, x0, steps_per_rank: int):
     from .commlog import span
     from .worker import device
 
-    _pos_int("steps_per_rank", steps_per_rank)
+    integer_at_least(steps_per_rank, "steps_per_rank")
     rank, world = dist.get_rank(), dist.get_world_size()
     w = torch.as_tensor(W, device=device())
     v = torch.as_tensor(x0, device=device()).to(w.dtype).clone()

@@ -6,46 +6,71 @@ Serves every notebook that runs ``torch.distributed`` (P.5 onwards; first used i
     run.results[r]                             # what fn returned on rank r
     run.comm[r], run.spans[r]                  # what rank r communicated, its named time spans
 
-What it guarantees:
+What it guarantees (the README gives the measured figures):
 
-* **Backend from the hardware**: NCCL with one rank per GPU where GPUs are found, gloo on CPU
-  processes otherwise (4 ranks by default). Asking for more ranks than GPUs runs CPU ranks and
-  says so. One line says what ran.
+* **Backend from the hardware**: NCCL with one rank per GPU where GPUs are found (and gloo in the
+  same group for CPU tensors), gloo on CPU processes otherwise (4 ranks by default). Asking for
+  more ranks than GPUs runs CPU ranks and says so. One line says what ran.
 * **Notebook functions work**: ``fn`` is pickled by value (cloudpickle), so a function defined in
-  a notebook cell can be edited and re-run.
+  a notebook cell can be edited and re-run. A function or argument that fails to unpickle on the
+  ranks raises :class:`RankError` with the real exception, and the workers stay.
 * **Output**: what each rank prints comes back and is printed as ``[rank r] ...`` in rank order.
 * **Cheap repeats**: worker processes are started once per kernel (with torch imported once in a
-  forkserver) and reused; each job gets a fresh process group. A repeat costs well under a second.
+  forkserver) and reused; each job gets a fresh process group.
 * **Bounded failure**: a rank that raises makes :func:`launch` raise :class:`RankError` with the
-  rank and its traceback; a rank that hangs makes it raise :class:`LaunchTimeout` after
-  ``timeout`` seconds (collectives themselves time out then too). Either way every worker process
-  is ended before the call returns, and the next launch starts fresh ones.
-* **Concurrency-safe**: each kernel owns a TCPStore on a port the OS picks (port 0); nothing is
-  shared between two notebooks running at once.
+  rank and its traceback; a job that has not finished after ``timeout`` seconds raises
+  :class:`LaunchTimeout` within a second more, naming where each rank was (the collective it
+  waits in, or the rank that never entered it; :mod:`helpers.hang`). Either way every worker
+  process is ended before the call returns, and the next launch starts fresh ones.
+* **Interrupts**: a kernel interrupt raises ``KeyboardInterrupt`` at once and ends every worker;
+  more interrupts while that happens are absorbed, so none leaves a worker behind.
+* **No orphans**: a worker ends by itself as soon as its kernel is gone (the pipe to it closes),
+  even while the dead kernel is an unreaped zombie.
+* **Loopback only**: the rendezvous store listens on 127.0.0.1 only, and gloo's sockets are
+  bound to the loopback interface.
+* **No litter**: everything the launcher and multiprocessing's forkserver write lives in one
+  private folder per kernel, ``$TMPDIR/helpers-launcher-<pid>-<start>``, removed when the kernel
+  exits; a folder whose kernel was killed is removed by the next launch on the machine.
+* **Traces**: ``launch(..., profile=True)`` records ``torch.profiler`` on every rank and merges
+  the ranks into one Chrome/Perfetto trace, ``run.trace_path`` (:mod:`helpers.traces`).
+
+Where it lives: this module is the public face (the plan, the errors, :func:`launch`);
+:mod:`helpers.pool` keeps the kernel's worker processes (start, reuse, interrupts, teardown, the
+private folder); :mod:`helpers.collect` reads a job back from the ranks; :mod:`helpers.worker` is
+the rank side; :mod:`helpers.hang` diagnoses a timeout; :mod:`helpers.traces` merges traces.
 """
 from __future__ import annotations
 
-import atexit
-import multiprocessing as mp
+import numbers
 import os
 import pickle
 import sys
 import time
 from dataclasses import dataclass, field
-from multiprocessing.connection import wait as _wait_conns
 
+from . import pool as kernel_pool
+from .collect import ask_status, collect, print_outputs
 from .commlog import CommOp, Span, summarize
+from .pool import Interrupts, kernel_dir, live_worker_pids, shutdown  # the last three: public here too
+from .validate import integer_at_least, positive_number
 
 BACKENDS = ("gloo", "nccl")
 DEFAULT_CPU_WORLD = 4
 MAX_CPU_RANKS = 16  # each CPU rank is a process holding its own torch (~300 MB)
 DEFAULT_TIMEOUT = 30.0  # seconds for up to 4 ranks; these demos take well under that
-_GRACE = 5.0  # seconds the watchdog waits past ``timeout`` for a rank to report its own timeout
-_IDLE_WAIT = 10.0  # seconds a launch waits for the workers to finish tearing down the last job
+MAX_TIMEOUT = 7 * 86400.0  # a week: beyond it a timeout is a typo (and inf overflows the collectives)
+_GRACE = 1.0  # LaunchTimeout comes at most this long after ``timeout``: asking the ranks, ending them
+_COLLECTIVE_MARGIN = 5.0  # collectives time out this much later than the job: the launcher speaks first
 
 
 class RankError(RuntimeError):
-    """A rank raised inside the worker function. ``.rank`` and ``.remote_traceback`` say which/why."""
+    """A rank raised inside the worker function. ``.rank`` and ``.remote_traceback`` say which/why.
+
+    ``.workers_kept`` is True when the failure came before any rank started the job (the function
+    or an argument failed to unpickle on every rank): then the workers stay for the next launch.
+    """
+
+    workers_kept = False
 
     def __init__(self, rank: int, summary: str, remote_traceback: str, others: dict | None = None):
         self.rank, self.summary, self.remote_traceback = rank, summary, remote_traceback
@@ -55,18 +80,26 @@ class RankError(RuntimeError):
 
 
 class LaunchTimeout(TimeoutError):
-    """Some ranks did not finish within the timeout; ``.ranks`` lists them."""
+    """Some ranks neither finished nor failed within the timeout.
 
-    def __init__(self, ranks: list[int], timeout: float, outputs: dict[int, str]):
-        self.ranks, self.timeout = ranks, timeout
+    ``.ranks`` lists them; ``.blamed`` the ranks the diagnosis points at (those that never
+    entered the call the others wait in); ``.diagnosis`` (a :class:`helpers.hang.Diagnosis`)
+    says where each rank was: its headline is the first line of the message.
+    """
+
+    def __init__(self, ranks: list[int], timeout: float, outputs: dict[int, str], diagnosis=None):
+        self.ranks, self.timeout, self.diagnosis = ranks, timeout, diagnosis
+        self.blamed = list(diagnosis.blamed) if diagnosis is not None else list(ranks)
+        head = diagnosis.headline if diagnosis is not None else f"ranks {ranks} did not finish"
+        detail = "".join(f"\n  {line}" for line in diagnosis.lines) if diagnosis is not None else ""
         tail = "".join(
             f"\n  rank {r} last printed: {outputs.get(r, '').strip().splitlines()[-1]!r}"
             for r in ranks
             if outputs.get(r, "").strip()
         )
         super().__init__(
-            f"ranks {ranks} did not finish within {timeout:g} s (stuck in a collective, or a loop); "
-            f"all worker processes were ended{tail}"
+            f"{head}\n(ranks {ranks} neither finished nor failed within {timeout:g} s; "
+            f"all worker processes were ended){detail}{tail}"
         )
 
 
@@ -80,7 +113,7 @@ class RankPlan:
     note: str = ""
 
     def describe(self) -> str:
-        per_rank = "one GPU per rank (cuda:<rank>)" if self.device_type == "cuda" else "CPU processes"
+        per_rank = "one GPU per rank (cuda:<rank>), CPU tensors through gloo" if self.device_type == "cuda" else "CPU processes"
         line = f"backend={self.backend} device={self.device_type} world_size={self.world_size} ({per_rank})"
         return line + (f"; {self.note}" if self.note else "")
 
@@ -141,8 +174,8 @@ def lazy_connect(plan: RankPlan) -> bool:
 
 
 def default_timeout(world_size: int) -> float:
-    """The default job and collective timeout: 30 s up to 4 ranks, then 30 s x world_size / 4."""
-    return DEFAULT_TIMEOUT * max(1.0, world_size / 4)
+    """The default job timeout: 30 s up to 4 ranks, then 30 s x world_size / 4."""
+    return DEFAULT_TIMEOUT * max(1.0, integer_at_least(world_size, "world_size") / 4)
 
 
 @dataclass
@@ -157,6 +190,7 @@ class Run:
     wall_s: float
     started_pool: bool  # True when this launch had to start the worker processes
     rank_times: list[tuple[float, float]] = field(default_factory=list)  # (start, end) per rank, s
+    trace_path: str | None = None  # profile=True: the merged Chrome/Perfetto trace of all ranks
 
     @property
     def world_size(self) -> int:
@@ -179,135 +213,33 @@ class Run:
         return sum(1 for o in self.comm[rank] if o.op == op)
 
 
-class _Pool:
-    """The kernel's worker processes, kept between launches."""
 
-    def __init__(self, device_type: str, threads: int):
-        import torch.distributed as dist
-
-        self.device_type, self.threads = device_type, threads
-        self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-        self.procs: list = []
-        self.conns: list = []
-        self.busy: set[int] = set()  # ranks that have not yet reported "idle" after their last job
-        self.next_job = 0
-        ctx = mp.get_context("forkserver")
-        # torch._dynamo too: the communication recorder is a TorchDispatchMode, and the first op
-        # under a mode imports torch._dynamo (torch._compile._disable_dynamo), 3-4 s of CPU. Paid
-        # once here, not by every rank of every fresh pool (measured: a 1 s monitored barrier
-        # took 4.5 s to fail on fresh workers, over 10 s on a loaded two-core machine).
-        ctx.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "cloudpickle", "helpers.worker"])
-        self.ctx = ctx
-
-    def grow(self, n: int, deadline: float):
-        from . import worker
-
-        new = []
-        for rank in range(len(self.procs), n):
-            parent, child = self.ctx.Pipe(duplex=True)
-            p = self.ctx.Process(
-                target=worker.main,
-                args=(child, rank, self.device_type, os.getpid(), self.store.port, self.threads),
-                daemon=True,
-                name=f"helpers-rank-{rank}",
-            )
-            p.start()
-            child.close()
-            self.procs.append(p)
-            self.conns.append(parent)
-            new.append(rank)
-        for rank in new:
-            conn = self.conns[rank]
-            left = deadline - time.monotonic()
-            if left <= 0 or not conn.poll(left):
-                raise TimeoutError(f"worker process for rank {rank} did not start in time")
-            try:
-                msg = conn.recv()
-            except (EOFError, OSError):
-                self.procs[rank].join(timeout=2)
-                raise RuntimeError(
-                    f"worker process for rank {rank} exited during start-up (exit code {self.procs[rank].exitcode}); "
-                    "in a script, call launch() only under `if __name__ == '__main__':`"
-                ) from None
-            if msg[0] != "ready":  # pragma: no cover - protocol error
-                raise RuntimeError(f"worker process for rank {rank} sent {msg[0]!r} instead of 'ready'")
-
-    def wait_idle(self, ranks, limit: float) -> bool:
-        """Wait up to ``limit`` s for the given ranks to finish tearing down their last job."""
-        deadline = time.monotonic() + limit
-        while self.busy & set(ranks):
-            waiting = {self.conns[r]: r for r in self.busy & set(ranks)}
-            ready = _wait_conns(list(waiting), timeout=max(0.0, deadline - time.monotonic()))
-            if not ready:
-                return False
-            for c in ready:
-                try:
-                    msg = c.recv()
-                except (EOFError, OSError):
-                    return False
-                if msg[0] == "idle":
-                    self.busy.discard(waiting[c])  # anything else is a late message: dropped
-        return True
-
-    def alive(self) -> bool:
-        return all(p.is_alive() for p in self.procs)
-
-    def close(self):
-        for c in self.conns:
-            try:
-                c.send(("stop",))
-            except Exception:
-                pass
-        for p in self.procs:
-            p.join(timeout=0.5)
-        self.kill()
-
-    def kill(self):
-        for p in self.procs:
-            if p.is_alive():
-                p.kill()
-        for p in self.procs:
-            p.join(timeout=5)
-        for c in self.conns:
-            c.close()
-        self.procs, self.conns = [], []
+def job_plan(world_size: int | None = None, backend: str | None = None, timeout: float | None = None,
+             gpus: int | None = None) -> tuple[RankPlan, float]:
+    """The job's :class:`RankPlan` and its timeout, whose default follows the world size the plan
+    resolves (``world_size=None`` on 8 GPUs: 8 ranks, 60 s), not the one asked for."""
+    plan = plan_ranks(world_size, backend, gpus)
+    return plan, float(default_timeout(plan.world_size) if timeout is None else timeout)
 
 
-_POOL: _Pool | None = None
-
-
-def shutdown():
-    """End the kernel's worker processes (the next launch starts new ones)."""
-    global _POOL
-    if _POOL is not None:
-        pool, _POOL = _POOL, None
-        pool.close()
-
-
-atexit.register(shutdown)
-
-
-def live_worker_pids() -> list[int]:
-    """PIDs of this kernel's worker processes that are still alive (for tests and curiosity)."""
-    return [p.pid for p in (_POOL.procs if _POOL else []) if p.is_alive()]
-
-
-def _get_pool(plan: RankPlan, threads: int, deadline: float) -> tuple[_Pool, bool]:
-    global _POOL
-    started = False
-    if _POOL is not None and (_POOL.device_type != plan.device_type or _POOL.threads != threads or not _POOL.alive()):
-        shutdown()
-    if _POOL is None:
-        _POOL = _Pool(plan.device_type, threads)
-        started = True
-    if len(_POOL.procs) < plan.world_size:
-        started = True
-        try:
-            _POOL.grow(plan.world_size, deadline)
-        except BaseException:
-            shutdown()
-            raise
-    return _POOL, started
+def _check_arguments(fn, world_size, timeout, threads, record, quiet, profile):
+    """Every argument checked before anything starts: ValueError/TypeError naming it."""
+    if not callable(fn):
+        raise ValueError(f"fn must be callable, got {type(fn).__name__}")
+    if world_size is not None:
+        integer_at_least(world_size, "world_size")
+    if timeout is not None:
+        if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+            raise TypeError(f"timeout must be a number of seconds, got {timeout!r}")
+        positive_number(timeout, "timeout")
+        if timeout > MAX_TIMEOUT:
+            raise ValueError(f"timeout must be at most {MAX_TIMEOUT:g} s (a week), got {timeout!r}")
+    integer_at_least(threads, "threads")
+    for name, value in (("record", record), ("quiet", quiet)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be True or False, got {value!r}")
+    if not isinstance(profile, (bool, str, os.PathLike)):
+        raise TypeError(f"profile must be True, False or a folder path, got {profile!r}")
 
 
 def launch(
@@ -319,61 +251,88 @@ def launch(
     record: bool = True,
     quiet: bool = False,
     threads: int = 1,
+    profile: bool | str | os.PathLike = False,
     **kwargs,
 ) -> Run:
     """Run ``fn(*args, **kwargs)`` on every rank of a fresh process group; return a :class:`Run`.
 
-    ``timeout`` (seconds) bounds the whole job and every collective in it. By default it is
-    :func:`default_timeout` of the world size: 30 s up to 4 ranks, growing with the number of
-    ranks, since on a small CPU machine the rendezvous of 16 processes is itself slow. ``record`` switches
-    the communication log on (every c10d call with its bytes). ``threads`` is the number of torch
-    threads per CPU rank. ``quiet`` suppresses the one-line description of what ran (rank output
-    is still printed).
+    ``timeout`` (seconds) bounds the job: after it, :class:`LaunchTimeout` says where each rank
+    was. By default it is :func:`default_timeout` of the world size the plan resolves: 30 s up to
+    4 ranks, growing with the number of ranks, since on a small CPU machine the rendezvous of 16
+    processes is itself slow. ``record`` switches the communication log on (every c10d call with
+    its bytes). ``threads`` is the number of torch threads per CPU rank. ``quiet`` suppresses the
+    one-line description of what ran (rank output is still printed). ``profile=True`` records a
+    ``torch.profiler`` trace on every rank and merges them into ``run.trace_path`` (in the
+    kernel's launcher folder, kept until the kernel exits); ``profile="some/folder"`` writes it
+    there instead.
     """
     import cloudpickle
 
-    if not callable(fn):
-        raise ValueError(f"fn must be callable, got {type(fn).__name__}")
-    if timeout is None:
-        timeout = default_timeout(world_size if world_size is not None else DEFAULT_CPU_WORLD)
-    if not (isinstance(timeout, (int, float)) and timeout > 0):
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-    if not (isinstance(threads, int) and threads >= 1):
-        raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
-    plan = plan_ranks(world_size, backend)
+    _check_arguments(fn, world_size, timeout, threads, record, quiet, profile)
+    plan, timeout = job_plan(world_size, backend, timeout)
     if not quiet:
         print(plan.describe())
+    with Interrupts() as guard:
+        try:
+            return _launch(cloudpickle.dumps((fn, args, kwargs)), plan, timeout, record, threads, profile, guard)
+        except BaseException as exc:
+            if not getattr(exc, "workers_kept", False):
+                with guard.held():  # any failure, an interrupt too: leave nothing running
+                    kernel_pool.discard_pool()
+            raise
+
+
+def _launch(payload: bytes, plan: RankPlan, timeout: float, record: bool, threads: int, profile, guard,
+            attempt: int = 0) -> Run:
     t_begin = time.monotonic()
-    if _POOL is not None and not _POOL.wait_idle(range(min(plan.world_size, len(_POOL.procs))), _IDLE_WAIT):
-        print(f"(worker processes still busy with the last job after {_IDLE_WAIT:g} s: starting fresh ones)", file=sys.stderr)
-        shutdown()
     # starting processes gets its own allowance: the first launch imports torch in each worker
-    pool, started = _get_pool(plan, threads, t_begin + 120.0)
-    payload = cloudpickle.dumps((fn, args, kwargs))
+    pool, started = kernel_pool.get_pool(plan.device_type, plan.world_size, threads, t_begin + 120.0, guard)
     job_id = pool.next_job
     pool.next_job += 1
-    opts = {"backend": plan.backend, "world_size": plan.world_size, "timeout": float(timeout), "record": record,
-            "lazy_connect": lazy_connect(plan)}
+    trace_dir = None
+    if profile is not False:
+        trace_dir = os.path.join(pool.folder, f"trace-job{job_id}") if profile is True else os.fspath(profile)
+        os.makedirs(trace_dir, exist_ok=True)
+    opts = {"backend": plan.backend, "world_size": plan.world_size, "timeout": timeout, "record": record,
+            "collective_timeout": timeout + _COLLECTIVE_MARGIN, "lazy_connect": lazy_connect(plan),
+            "profile_dir": trace_dir}
     n = plan.world_size
     for c in pool.conns[:n]:
         c.send(("job", job_id, payload, opts))  # every receiver is idle, so this cannot block for long
     pool.busy.update(range(n))
     outputs = {r: [] for r in range(n)}
     try:
-        done, errors = _collect(pool, n, job_id, time.monotonic() + timeout + _GRACE, outputs)
-    except BaseException:  # KeyboardInterrupt in a notebook: leave nothing running
-        shutdown()
-        raise
+        done, errors, states = collect(pool, n, job_id, time.monotonic() + timeout, outputs)
     finally:
-        _print_outputs(outputs)
+        print_outputs(outputs)
     texts = {r: "".join(t for s, t in outputs[r] if s == "stdout") for r in outputs}
-    if errors or len(done) < n:
-        shutdown()  # peers may sit in a collective forever: end them all
-        if errors:
-            first = min(errors, key=lambda r: (_is_secondary(errors[r][0]), r))
-            others = {r: e[0] for r, e in errors.items() if r != first}
-            raise RankError(first, errors[first][0], errors[first][1], others)
-        raise LaunchTimeout(sorted(set(range(n)) - set(done)), timeout, texts)
+    if errors and len(errors) == n and all(e[2] == "unpickle" for e in errors.values()):
+        # nothing started on any rank: the workers are idle again and stay
+        err = RankError(0, errors[0][0], errors[0][1], {r: e[0] for r, e in errors.items() if r != 0})
+        err.workers_kept = True
+        raise err
+    if errors and not done and attempt == 0 and all(e[2] == "init" for e in errors.values()):
+        # gloo failed to connect the ranks before any of them ran the function (seen on a loaded
+        # machine with fresh workers: "connectFullMesh ... Connection closed by peer"); when every
+        # other rank is still starting its process group, nothing ran: try once more, fresh
+        others = [r for r in range(n) if r not in errors]
+        states = ask_status(pool, others, job_id, outputs)
+        if all(states.get(r, {}).get("phase") == "starting the process group" for r in others):
+            first = min(errors)
+            print(f"(rank {first} could not connect to its peers ({errors[first][0].splitlines()[0][:120]}); "
+                  "starting fresh workers and running the job again)", file=sys.stderr)
+            with guard.held():
+                kernel_pool.discard_pool()
+            return _launch(payload, plan, timeout, record, threads, profile, guard, attempt=1)
+    if errors:
+        first = min(errors, key=lambda r: (_is_secondary(errors[r][0]), r))
+        others = {r: e[0] for r, e in errors.items() if r != first}
+        raise RankError(first, errors[first][0], errors[first][1], others)
+    if len(done) < n:
+        from .hang import diagnose
+
+        stuck = sorted(set(range(n)) - set(done))
+        raise LaunchTimeout(stuck, timeout, texts, diagnose(states, stuck, finished=done))
     results, comm, spans, times = [], [], [], []
     t0 = min(meta["t_start"] for _, meta in done.values())
     for r in range(n):
@@ -382,51 +341,14 @@ def launch(
         comm.append(meta["ops"])
         spans.append(meta["spans"])
         times.append((meta["t_start"] - t0, meta["t_end"] - t0))
-    return Run(plan, results, [texts[r] for r in range(n)], comm, spans, time.monotonic() - t_begin, started, times)
+    trace_path = None
+    if trace_dir is not None:
+        from .traces import merge_rank_traces
 
-
-def _collect(pool: "_Pool", n: int, job_id: int, deadline: float, outputs: dict) -> tuple[dict, dict]:
-    """Read the ranks' messages for one job until all are done, one fails, or the deadline.
-
-    Returns ``done`` (rank -> (pickled result, meta)) and ``errors`` (rank -> (summary,
-    traceback)); printed text is appended to ``outputs`` as it arrives. After the first error the
-    peers get one more second to report their own, then collection stops.
-    """
-    conns = pool.conns[:n]
-    done: dict[int, tuple] = {}
-    errors: dict[int, tuple[str, str]] = {}
-    first_error_at = None
-    while len(done) + len(errors) < n:
-        if first_error_at is not None and time.monotonic() > first_error_at + 1.0:
-            break
-        left = deadline - time.monotonic()
-        if left <= 0:
-            break
-        by_conn = {c: r for r, c in enumerate(conns) if r not in done and r not in errors}
-        # short slices: a notebook interrupt is noticed at once, however it is delivered
-        for c in _wait_conns(list(by_conn), timeout=min(left, 0.2 if errors else 0.5)):
-            r = by_conn[c]
-            try:
-                msg = c.recv()
-            except (EOFError, OSError):
-                pool.procs[r].join(timeout=1.0)
-                code = pool.procs[r].exitcode
-                errors[r] = (f"the worker process died (exit code {code})", "(no Python traceback: the process ended)")
-                first_error_at = first_error_at or time.monotonic()
-                continue
-            kind = msg[0]
-            if msg[1] != job_id:
-                continue  # a late message from an earlier job
-            if kind == "idle":
-                pool.busy.discard(r)
-            elif kind == "out":
-                outputs[r].append((msg[2], msg[3]))
-            elif kind == "done":
-                done[r] = (msg[2], msg[3])
-            elif kind == "error":
-                errors[r] = (msg[2], msg[3])
-                first_error_at = first_error_at or time.monotonic()
-    return done, errors
+        trace_path = os.path.join(trace_dir, "trace.json")
+        merge_rank_traces({r: done[r][1]["trace"] for r in range(n)}, trace_path)
+    return Run(plan, results, [texts[r] for r in range(n)], comm, spans, time.monotonic() - t_begin, started, times,
+               trace_path)
 
 
 def _is_secondary(summary: str) -> bool:
@@ -434,14 +356,3 @@ def _is_secondary(summary: str) -> bool:
     s = summary.lower()
     return any(k in s for k in ("connection closed", "connection reset", "broken pipe", "timed out"))
 
-
-def _print_outputs(outputs: dict[int, list[tuple[str, str]]]):
-    for r in sorted(outputs):
-        for stream in ("stdout", "stderr"):
-            text = "".join(t for s, t in outputs[r] if s == stream)
-            if not text:
-                continue
-            target = sys.stdout if stream == "stdout" else sys.stderr
-            lines = text.rstrip("\n").split("\n")
-            target.write("".join(f"[rank {r}] {line}\n" for line in lines))
-    sys.stdout.flush()

@@ -1,6 +1,7 @@
 """Memory accounting for data-parallel training (12.1.1 naive DDP; 12.1.2 ZeRO stages).
 
-Bytes per parameter, split by component, for a precision recipe and an optimizer; per-device
+Bytes per parameter, split by component, for a precision recipe and an optimizer (the table lives
+in :mod:`helpers.costs`: :func:`bytes_per_param`, :data:`PRECISIONS`, :data:`OPTIMIZERS`); per-device
 model-state memory for a world size and a ZeRO stage (0 = naive DDP, every device holds it all);
 and the measurement of what a real PyTorch model and optimizer hold, to put beside the model.
 
@@ -9,56 +10,18 @@ Units: sizes in bytes; the chapters' "GB" is decimal (1e9 bytes), and so is :dat
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+
+from . import costs
+from .costs import COMPONENTS, OPTIMIZERS, PRECISIONS, BytesPerParam, bytes_per_param  # noqa: F401 (this section's names)
+from .validate import integer_at_least, positive_number
+from .validate import zero_stage as check_zero_stage
 
 GB = 1e9
 
-# precision recipe -> bytes per parameter of (weights, gradients, fp32 master copy, each optimizer moment)
-PRECISIONS = {
-    "bf16-mixed": (2, 2, 4, 4),  # bf16 weights and grads, fp32 master weights and moments (12.1.1)
-    "fp16-mixed": (2, 2, 4, 4),  # the ZeRO paper's recipe: same byte counts
-    "fp32": (4, 4, 0, 4),  # everything in fp32; the weights are the master copy
-    "bf16": (2, 2, 0, 2),  # pure bf16: no master copy, moments in bf16
-}
-# optimizer -> number of moment tensors per parameter
-OPTIMIZERS = {"adamw": 2, "adam": 2, "sgd-momentum": 1, "sgd": 0}
-COMPONENTS = ("weights", "gradients", "master", "moments")
-
-
-@dataclass(frozen=True)
-class BytesPerParam:
-    """Bytes per parameter by component; ``total`` is their sum (16 for bf16-mixed AdamW)."""
-
-    weights: float
-    gradients: float
-    master: float
-    moments: float
-
-    @property
-    def optimizer_state(self) -> float:
-        """Master copy plus moments: the ZeRO paper's K (12 for mixed-precision Adam)."""
-        return self.master + self.moments
-
-    @property
-    def total(self) -> float:
-        return self.weights + self.gradients + self.master + self.moments
-
-
-def bytes_per_param(precision: str = "bf16-mixed", optimizer: str = "adamw") -> BytesPerParam:
-    """Bytes each parameter costs in model state (12.1.1): weights, gradients, master, moments."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"unknown precision {precision!r}: allowed are {sorted(PRECISIONS)}")
-    if optimizer not in OPTIMIZERS:
-        raise ValueError(f"unknown optimizer {optimizer!r}: allowed are {sorted(OPTIMIZERS)}")
-    w, g, master, moment = PRECISIONS[precision]
-    return BytesPerParam(w, g, master, OPTIMIZERS[optimizer] * moment)
-
 
 def _check_counts(n_params, world_size):
-    if not n_params > 0:
-        raise ValueError(f"n_params must be positive, got {n_params}")
-    if not (isinstance(world_size, int) and world_size >= 1):
-        raise ValueError(f"world_size must be an integer >= 1, got {world_size!r}")
+    positive_number(n_params, "n_params")
+    integer_at_least(world_size, "world_size")
 
 
 def per_device_bytes(
@@ -71,8 +34,7 @@ def per_device_bytes(
     Activations are not model state and are not counted.
     """
     _check_counts(n_params, world_size)
-    if zero_stage not in (0, 1, 2, 3):
-        raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
+    zero_stage = check_zero_stage(zero_stage)
     b = bytes_per_param(precision, optimizer)
     shard = lambda stage: world_size if zero_stage >= stage else 1
     return {
@@ -98,7 +60,7 @@ def max_params_that_fit(device_bytes: float, world_size: int = 1, zero_stage: in
 def allreduce_bytes_per_rank(n_params: float, world_size: int, grad_bytes: int = 2) -> float:
     """Bytes each rank sends in a ring all-reduce of the gradients: 2(M-1)/M * |theta| * grad_bytes."""
     _check_counts(n_params, world_size)
-    return 2 * (world_size - 1) / world_size * n_params * grad_bytes
+    return costs.allreduce_bytes(world_size, n_params * grad_bytes)
 
 
 def min_tokens_per_gpu(n_params: float, allreduce_s: float, flops_per_s: float, ratio: float = 3.0) -> float:
@@ -109,7 +71,7 @@ def min_tokens_per_gpu(n_params: float, allreduce_s: float, flops_per_s: float, 
     """
     if min(n_params, allreduce_s, flops_per_s, ratio) <= 0:
         raise ValueError("n_params, allreduce_s, flops_per_s and ratio must all be positive")
-    return ratio * allreduce_s * flops_per_s / (6 * n_params)
+    return ratio * allreduce_s * flops_per_s / costs.training_flops_per_token(n_params)
 
 
 # ---- measuring what real tensors hold (inside a rank or in one process) ---------------------
@@ -134,7 +96,8 @@ def measure_model_state(params, optimizer=None, master=None) -> dict[str, int]:
     ``params`` are the model's parameters (their ``.grad`` count as gradients); ``master`` the
     fp32 copies a mixed-precision recipe keeps (if any); ``optimizer`` a torch optimizer whose
     per-parameter state tensors (Adam's ``exp_avg`` and ``exp_avg_sq``...) count as moments.
-    Scalar step counters are reported apart as ``counters``.
+    The optimizer's step counters (state key ``"step"``) are reported apart as ``counters``; a
+    one-element moment (of a one-element bias) stays a moment.
     """
     import torch
 
@@ -142,9 +105,9 @@ def measure_model_state(params, optimizer=None, master=None) -> dict[str, int]:
     moments, counters = [], []
     if optimizer is not None:
         for state in optimizer.state.values():
-            for v in state.values():
+            for k, v in state.items():
                 if isinstance(v, torch.Tensor):
-                    (counters if v.numel() == 1 else moments).append(v)
+                    (counters if k == "step" else moments).append(v)
     return {
         "weights": tensor_bytes(params),
         "gradients": tensor_bytes(p.grad for p in params),
@@ -183,8 +146,7 @@ def min_world_size_to_fit(n_params: float, device_bytes: float, zero_stage: int,
     _check_counts(n_params, 1)
     if device_bytes <= 0 or reserve_bytes < 0 or reserve_bytes >= device_bytes:
         raise ValueError("need device_bytes > reserve_bytes >= 0")
-    if zero_stage not in (0, 1, 2, 3):
-        raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
+    zero_stage = check_zero_stage(zero_stage)
     room = device_bytes - reserve_bytes
     one = per_device_bytes(n_params, 1, zero_stage, precision, optimizer)
     b = bytes_per_param(precision, optimizer)

@@ -13,7 +13,9 @@ The group of a dimension ``d`` that a rank belongs to holds the ranks whose coor
 it on every *other* dimension (a TP group shares (dp, pp); a DP group shares (pp, tp)).
 
 Servers ("nodes") hold consecutive ranks: rank r lives on node ``r // devices_per_node``. Putting
-the innermost dimension inside a node is how TP gets the fastest links (P.7, P.11, 12.4.1).
+the innermost dimension inside a node is how TP gets the fastest links (P.7, P.11, 12.4.1);
+:func:`placement` says which dimensions' groups span servers and :func:`stage_hops` which
+pipeline hand-offs cross them (12.2.2).
 
 On the ranks: :func:`hand_groups_worker` builds every group with ``dist.new_group`` and sums the
 ranks inside each with an all-reduce (so the groups are real, not just lists);
@@ -23,14 +25,9 @@ coordinate and group members it reports, to compare with :class:`Mesh`.
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass
 
-
-def _positive_int(name: str, v) -> int:
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
-    return int(v)
+from .validate import index_below, integer_at_least
 
 
 @dataclass(frozen=True)
@@ -46,7 +43,7 @@ class Mesh:
             raise ValueError(f"need one size per dimension name, got names={names}, sizes={sizes}")
         if len(set(names)) != len(names) or not all(isinstance(n, str) and n for n in names):
             raise ValueError(f"dimension names must be distinct non-empty strings, got {names}")
-        sizes = tuple(_positive_int(f"the size of dimension {n!r}", s) for n, s in zip(names, sizes))
+        sizes = tuple(integer_at_least(s, f"the size of dimension {n!r}") for n, s in zip(names, sizes))
         object.__setattr__(self, "names", names)
         object.__setattr__(self, "sizes", sizes)
 
@@ -76,8 +73,7 @@ class Mesh:
         return self.names.index(name)
 
     def _check_rank(self, rank) -> int:
-        if isinstance(rank, bool) or not isinstance(rank, numbers.Integral) or not 0 <= rank < self.world:
-            raise ValueError(f"rank must be an integer in [0, {self.world}), got {rank!r}")
+        index_below(rank, "rank", self.world)
         return int(rank)
 
     def coord(self, rank: int) -> dict:
@@ -92,8 +88,7 @@ class Mesh:
         r = 0
         for n, st, s in zip(self.names, self.strides, self.sizes):
             i = coord[n]
-            if isinstance(i, bool) or not isinstance(i, numbers.Integral) or not 0 <= i < s:
-                raise ValueError(f"index of {n!r} must be an integer in [0, {s}), got {i!r}")
+            index_below(i, f"index of {n!r}", s)
             r += int(i) * st
         return r
 
@@ -128,9 +123,8 @@ class Mesh:
 
 def node_of(rank: int, devices_per_node: int) -> int:
     """The server of ``rank`` when every server holds ``devices_per_node`` consecutive ranks."""
-    devices_per_node = _positive_int("devices_per_node", devices_per_node)
-    if isinstance(rank, bool) or not isinstance(rank, numbers.Integral) or rank < 0:
-        raise ValueError(f"rank must be an integer >= 0, got {rank!r}")
+    devices_per_node = integer_at_least(devices_per_node, "devices_per_node")
+    integer_at_least(rank, "rank", 0)
     return int(rank) // devices_per_node
 
 
@@ -140,7 +134,7 @@ def placement(mesh: Mesh, devices_per_node: int) -> dict:
     ``"intra-node"`` is True when every group of the dimension lives inside one server (its
     collectives use the fast links only). The world must fill whole servers.
     """
-    devices_per_node = _positive_int("devices_per_node", devices_per_node)
+    devices_per_node = integer_at_least(devices_per_node, "devices_per_node")
     if mesh.world % devices_per_node:
         raise ValueError(f"{mesh.world} ranks do not fill servers of {devices_per_node} devices")
     out = {}
@@ -149,6 +143,18 @@ def placement(mesh: Mesh, devices_per_node: int) -> dict:
         spans = [len({node_of(r, devices_per_node) for r in g}) for g in gs]
         out[name] = {"group size": mesh.size(name), "groups": len(gs), "max servers per group": max(spans),
                      "intra-node": max(spans) == 1}
+    return out
+
+
+def stage_hops(mesh: Mesh, devices_per_node: int, name: str = "pp") -> list:
+    """Every point-to-point link between consecutive indices of dimension ``name`` (12.2.2): for a
+    pipeline, the hand-off from stage k to stage k+1 of each pipeline, as ``(src, dst, crosses)``
+    where ``crosses`` says whether the two ranks sit in different servers."""
+    devices_per_node = integer_at_least(devices_per_node, "devices_per_node")
+    out = []
+    for g in mesh.groups(name):
+        for a, b in zip(g, g[1:]):
+            out.append((a, b, node_of(a, devices_per_node) != node_of(b, devices_per_node)))
     return out
 
 

@@ -33,7 +33,9 @@ from __future__ import annotations
 
 import time
 
+from .costs import layer_forward_flops, layer_params, mlp_forward_flops  # noqa: F401 (12.2.2's worked example)
 from .pipeline_schedule import KINDS, check_schedule, from_records, op_orders, per_stage
+from .validate import equal_parts, integer_at_least, positive_number
 
 TORCH_SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
 
@@ -47,8 +49,8 @@ def make_layers(n_layers: int = 8, width: int = 16, seed: int = 0):
     """
     import torch
 
-    if not (isinstance(n_layers, int) and n_layers >= 1 and isinstance(width, int) and width >= 1):
-        raise ValueError(f"n_layers and width must be integers >= 1, got {n_layers!r}, {width!r}")
+    integer_at_least(n_layers, "n_layers")
+    integer_at_least(width, "width")
     torch.manual_seed(seed)
     return [torch.nn.Linear(width, width if i < n_layers - 1 else 1, dtype=torch.float64) for i in range(n_layers)]
 
@@ -65,11 +67,7 @@ def make_data(batch: int = 32, width: int = 16, seed: int = 1):
 
 def layer_ranges(n_layers: int, p: int, v: int = 1) -> list[range]:
     """Layers of each virtual stage 0..p*v-1 (equal counts; ValueError unless p*v divides n_layers)."""
-    V = p * v
-    if V < 1 or n_layers % V:
-        raise ValueError(f"p*v = {V} virtual stages must divide the {n_layers} layers evenly")
-    k = n_layers // V
-    return [range(s * k, (s + 1) * k) for s in range(V)]
+    return equal_parts(n_layers, p * v, "p*v = {k} virtual stages must divide the {n} layers evenly")
 
 
 def forward_layers(layers, idx, x, n_layers: int):
@@ -103,45 +101,21 @@ def max_grad_diff(grads: dict, ref: dict) -> float:
 
 
 # ---- the arithmetic of 12.2.2's worked example -----------------------------------------------------
-
-def _positive(**kw):
-    for k, v in kw.items():
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
-            raise ValueError(f"{k} must be a positive number, got {v!r}")
-
-
-def layer_params(h: int, ffn: int) -> int:
-    """Weights of one transformer layer: attention 4h^2 (Q, K, V, output) + MLP 2*h*ffn.
-
-    Biases and norms (a few h each) are left out, as in 12.2.2.
-    """
-    _positive(h=h, ffn=ffn)
-    return 4 * h * h + 2 * h * ffn
-
+# layer_params, mlp_forward_flops and layer_forward_flops are helpers.costs' (imported above).
 
 def stage_weight_bytes(h: int, ffn: int, layers: int, bytes_per_param: int = 2) -> int:
     """Weight bytes of a pipeline stage holding ``layers`` transformer layers (BF16: 2 bytes)."""
-    _positive(layers=layers, bytes_per_param=bytes_per_param)
+    integer_at_least(layers, "layers")
+    positive_number(bytes_per_param, "bytes_per_param")
     return layers * layer_params(h, ffn) * bytes_per_param
 
 
 def handoff_bytes(seq: int, micro_batch: int, h: int, bytes_per_value: int = 2) -> int:
     """Bytes one stage sends the next per micro-batch: the activation, seq x micro_batch x h values."""
-    _positive(seq=seq, micro_batch=micro_batch, h=h, bytes_per_value=bytes_per_value)
+    for name, v in (("seq", seq), ("micro_batch", micro_batch), ("h", h)):
+        integer_at_least(v, name)
+    positive_number(bytes_per_value, "bytes_per_value")
     return seq * micro_batch * h * bytes_per_value
-
-
-def mlp_forward_flops(tokens: int, h: int, ffn: int) -> int:
-    """Forward FLOPs of one MLP block: two matmuls (h -> ffn, ffn -> h), 2*tokens*h*ffn each."""
-    _positive(tokens=tokens, h=h, ffn=ffn)
-    return 2 * (2 * tokens * h * ffn)
-
-
-def layer_forward_flops(tokens: int, h: int, ffn: int, seq: int) -> int:
-    """Forward FLOPs of one transformer layer: the weight matmuls (2 * tokens * params) plus
-    attention's two sequence-length products (Q K^T and scores x V, 2*tokens*seq*h each)."""
-    _positive(seq=seq)
-    return 2 * tokens * layer_params(h, ffn) + 2 * (2 * tokens * seq * h)
 
 
 # ---- the split backward on one layer (12.2.2) -----------------------------------------------------
@@ -167,6 +141,115 @@ def _tag(kind: int, vstage: int, mb: int, V: int, m: int) -> int:
     return (kind * V + vstage) * m + mb
 
 
+class _RankStages:
+    """This rank's chunks of the pipeline during one step: runs its F, B and W ops in order and
+    keeps each (chunk, micro-batch)'s activations alive from its F to its last backward op."""
+
+    def __init__(self, rank, p, v, m, layers, ranges, X, y, batch, split, sleep_s):
+        self.rank, self.p, self.v, self.m, self.V = rank, p, v, m, p * v
+        self.layers, self.ranges, self.X, self.y, self.batch = layers, ranges, X, y, batch
+        self.mb, self.width, self.n_layers = batch // m, X.shape[1], len(layers)
+        self.split, (self.f_s, self.b_s, self.w_s) = split, sleep_s
+        self.state, self.sends, self.done = {}, [], []
+        self.live = self.peak_live = self.live_bytes = self.peak_bytes = 0
+        self.loss_total = 0.0
+
+    def run(self, kind: str, c: int, j: int):
+        """One op of the schedule: F, B or W of micro-batch ``j`` on this rank's chunk ``c``."""
+        {"F": self.forward, "B": self.backward, "W": self.weight_grad}[kind](c * self.p + self.rank, c, j)
+        while self.done:  # activations whose last backward op has run are freed
+            self.live -= 1
+            self.live_bytes -= self.done.pop()["bytes"]
+
+    def _pause(self, seconds):
+        if seconds > 0:
+            time.sleep(float(seconds) / self.v)
+
+    def _recv(self, kind: int, s: int, j: int, src: int):
+        import torch
+        import torch.distributed as dist
+
+        from .commlog import span
+
+        buf = torch.empty(self.mb, self.width, dtype=torch.float64, device=self.X.device)
+        with span("recv"):
+            dist.recv(buf, src=src % self.p, tag=_tag(kind, s, j, self.V, self.m))
+        return buf
+
+    def _send(self, t, kind: int, s: int, j: int, dst: int):
+        import torch.distributed as dist
+
+        self.sends.append((dist.isend(t, dst=dst % self.p, tag=_tag(kind, s, j, self.V, self.m)), t))
+
+    def forward(self, s: int, c: int, j: int):
+        """F: receive the activation (or take the batch rows), run the chunk, send the output on
+        (or add the loss), and count the bytes autograd keeps for this micro-batch."""
+        import torch
+
+        from .commlog import span
+
+        rows = slice(j * self.mb, (j + 1) * self.mb)
+        x = self.X[rows] if s == 0 else self._recv(0, s, j, s - 1).requires_grad_(True)
+        saved = []
+        with span("F"):
+            with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+                out, acts, zs = forward_layers(self.layers, self.ranges[s], x, self.n_layers)
+                if s == self.V - 1:
+                    out = ((out - self.y[rows]) ** 2).sum() / self.batch
+            self._pause(self.f_s)
+        if s == self.V - 1:
+            self.loss_total += out.item()
+        else:
+            self._send(out.detach(), 0, s + 1, j, s + 1)
+        nbytes = sum(t.numel() * t.element_size() for t in {id(t): t for t in saved}.values())
+        self.state[(c, j)] = {"x": x, "out": out, "acts": acts, "zs": zs, "bytes": nbytes}
+        self.live += 1
+        self.live_bytes += nbytes
+        self.peak_live, self.peak_bytes = max(self.peak_live, self.live), max(self.peak_bytes, self.live_bytes)
+
+    def backward(self, s: int, c: int, j: int):
+        """B: receive the output's gradient, backpropagate (the whole backward, or with the B/W
+        split only the input and pre-activation gradients), send the input's gradient back."""
+        import torch
+
+        from .commlog import span
+
+        st = self.state[(c, j)]
+        g = self._recv(1, s, j, s + 1) if s < self.V - 1 else None
+        with span("B"):
+            if self.split:
+                targets = ([st["x"]] if s > 0 else []) + st["zs"]
+                grads = torch.autograd.grad(st["out"], targets, grad_outputs=g)
+                gx = grads[0] if s > 0 else None
+                st["dz"] = grads[-len(st["zs"]):]
+                st["acts"] = [a.detach() for a in st["acts"]]
+                del st["out"], st["zs"]  # the autograd graph is no longer needed
+                self._pause(self.b_s)
+            else:
+                st["out"].backward(g)
+                gx = st["x"].grad if s > 0 else None
+                self._pause(self.b_s + self.w_s)
+        if s > 0:
+            self._send(gx, 1, s - 1, j, s - 1)
+        if not self.split:
+            self.done.append(self.state.pop((c, j)))
+
+    def weight_grad(self, s: int, c: int, j: int):
+        """W (B/W split only): the weight gradients from what B kept, dW = dZ^T A and db = sum(dZ)."""
+        import torch
+
+        from .commlog import span
+
+        st = self.state[(c, j)]
+        with span("W"):
+            with torch.no_grad():
+                for i, a, dz in zip(self.ranges[s], st["acts"], st["dz"]):
+                    self.layers[i].weight.grad += dz.T @ a
+                    self.layers[i].bias.grad += dz.sum(0)
+            self._pause(self.w_s)
+        self.done.append(self.state.pop((c, j)))
+
+
 def pipeline_step_worker(
     schedule: str = "1f1b",
     m: int = 4,
@@ -186,12 +269,12 @@ def pipeline_step_worker(
     stage (scalar or one per rank), standing for stage compute time; schedules without a split
     sleep ``b_s + w_s`` in their one backward. Returns this rank's ``grads`` ``{layer: (dW, db)}``,
     the ``ops`` it ran in order, its peak count of live (chunk, micro-batch) activations and the
-    peak bytes autograd held for them, and (last stage) the loss.
+    peak bytes autograd held for them, and (last stage) the loss. The ops themselves are
+    :class:`_RankStages`' ``forward``, ``backward`` and ``weight_grad``.
     """
     import torch
     import torch.distributed as dist
 
-    from .commlog import span
     from .worker import device
 
     rank, p = dist.get_rank(), dist.get_world_size()
@@ -200,9 +283,7 @@ def pipeline_step_worker(
     check_schedule(schedule, p, m, v)
     if batch % m:
         raise ValueError(f"m = {m} micro-batches must divide the batch of {batch}")
-    f_s, b_s, w_s = (per_stage(n, t, p, allow_zero=True) for n, t in (("f_s", f_s), ("b_s", b_s), ("w_s", w_s)))
-    split = schedule == "zb-h1"
-    V = p * v
+    sleep_s = [per_stage(n, t, p, allow_zero=True)[rank] for n, t in (("f_s", f_s), ("b_s", b_s), ("w_s", w_s))]
     dev = device()
     ranges = layer_ranges(n_layers, p, v)
     layers = [l.to(dev) for l in make_layers(n_layers, width, seed)]
@@ -211,90 +292,19 @@ def pipeline_step_worker(
         for t in (layers[i].weight, layers[i].bias):
             t.grad = torch.zeros_like(t)
     X, y = (t.to(dev) for t in make_data(batch, width, seed + 1))
-    mb = batch // m
     order = op_orders(schedule, p, m, v)[rank]
-
-    state, sends, done = {}, [], []
-    live = peak_live = live_bytes = peak_bytes = 0
-    loss_total = 0.0
-
-    def pause(seconds):
-        if seconds > 0:
-            time.sleep(float(seconds) / v)
-
+    stages = _RankStages(rank, p, v, m, layers, ranges, X, y, batch, schedule == "zb-h1", sleep_s)
     dist.barrier()
     for kind, c, j in order:
-        s = c * p + rank
-        rows = slice(j * mb, (j + 1) * mb)
-        if kind == "F":
-            if s == 0:
-                x = X[rows]
-            else:
-                x = torch.empty(mb, width, dtype=torch.float64, device=dev)
-                with span("recv"):
-                    dist.recv(x, src=(s - 1) % p, tag=_tag(0, s, j, V, m))
-                x.requires_grad_(True)
-            saved = []
-            with span("F"):
-                with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
-                    out, acts, zs = forward_layers(layers, ranges[s], x, n_layers)
-                    if s == V - 1:
-                        out = ((out - y[rows]) ** 2).sum() / batch
-                pause(f_s[rank])
-            if s == V - 1:
-                loss_total += out.item()
-            else:
-                send = out.detach()
-                sends.append((dist.isend(send, dst=(s + 1) % p, tag=_tag(0, s + 1, j, V, m)), send))
-            nbytes = sum(t.numel() * t.element_size() for t in {id(t): t for t in saved}.values())
-            state[(c, j)] = {"x": x, "out": out, "acts": acts, "zs": zs, "bytes": nbytes}
-            live += 1
-            live_bytes += nbytes
-            peak_live, peak_bytes = max(peak_live, live), max(peak_bytes, live_bytes)
-        elif kind == "B":
-            st = state[(c, j)]
-            g = None
-            if s < V - 1:
-                g = torch.empty(mb, width, dtype=torch.float64, device=dev)
-                with span("recv"):
-                    dist.recv(g, src=(s + 1) % p, tag=_tag(1, s, j, V, m))
-            with span("B"):
-                if split:
-                    targets = ([st["x"]] if s > 0 else []) + st["zs"]
-                    grads = torch.autograd.grad(st["out"], targets, grad_outputs=g)
-                    gx = grads[0] if s > 0 else None
-                    st["dz"] = grads[-len(st["zs"]):]
-                    st["acts"] = [a.detach() for a in st["acts"]]
-                    del st["out"], st["zs"]  # the autograd graph is no longer needed
-                    pause(b_s[rank])
-                else:
-                    st["out"].backward(g)
-                    gx = st["x"].grad if s > 0 else None
-                    pause(b_s[rank] + w_s[rank])
-            if s > 0:
-                sends.append((dist.isend(gx, dst=(s - 1) % p, tag=_tag(1, s - 1, j, V, m)), gx))
-            if not split:
-                done.append(state.pop((c, j)))
-        else:  # "W"
-            st = state[(c, j)]
-            with span("W"):
-                with torch.no_grad():
-                    for i, a, dz in zip(ranges[s], st["acts"], st["dz"]):
-                        layers[i].weight.grad += dz.T @ a
-                        layers[i].bias.grad += dz.sum(0)
-                pause(w_s[rank])
-            done.append(state.pop((c, j)))
-        while done:
-            live -= 1
-            live_bytes -= done.pop()["bytes"]
-    for work, _ in sends:
+        stages.run(kind, c, j)
+    for work, _ in stages.sends:
         work.wait()
     return {
         "grads": {i: (layers[i].weight.grad, layers[i].bias.grad) for i in mine},
         "ops": order,
-        "peak_live": peak_live,
-        "peak_bytes": peak_bytes,
-        "loss": loss_total if rank == (V - 1) % p else None,
+        "peak_live": stages.peak_live,
+        "peak_bytes": stages.peak_bytes,
+        "loss": stages.loss_total if rank == (p * v - 1) % p else None,
     }
 
 

@@ -42,18 +42,15 @@ import numbers
 from dataclasses import dataclass, field
 from fractions import Fraction
 
+from .plots import PHASE_COLORS
+from .validate import integer_at_least
+
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
 DEFINITIONS = ("total", "useful")
 KINDS = ("F", "B", "W")
 
 
 # ---- checks ------------------------------------------------------------------------------------
-
-def _check_int(name: str, value, lo: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < lo:
-        raise ValueError(f"{name} must be an integer >= {lo}, got {value!r}")
-    return int(value)
-
 
 def _exact(x):
     """ints become Fractions (exact arithmetic); floats stay floats."""
@@ -78,9 +75,9 @@ def check_schedule(schedule: str, p: int, m: int, v: int = 1) -> None:
     """ValueError unless (schedule, p, m, v) is a combination this module can build."""
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}: choose one of {SCHEDULES}")
-    _check_int("p (stages)", p)
-    _check_int("m (micro-batches)", m)
-    _check_int("v (chunks per device)", v)
+    integer_at_least(p, "p (stages)")
+    integer_at_least(m, "m (micro-batches)")
+    integer_at_least(v, "v (chunks per device)")
     if schedule == "interleaved":
         if v < 2:
             raise ValueError(f"interleaved 1F1B needs v >= 2 chunks per device, got v={v} (v=1 is plain 1F1B)")
@@ -401,9 +398,9 @@ def bubble_formula(p: int, m: int, v: int = 1, definition: str = "total") -> Fra
     ``"total"`` (idle/total, P.9): ``(p-1)/(v*m + p-1)``; ``"useful"`` (idle/useful, 12.2.2):
     ``(p-1)/(v*m)``. With v = 1 these are the chapters' ``(p-1)/(m+p-1)`` and ``(p-1)/m``.
     """
-    _check_int("p", p)
-    _check_int("m", m)
-    _check_int("v", v)
+    integer_at_least(p, "p")
+    integer_at_least(m, "m")
+    integer_at_least(v, "v")
     if definition == "total":
         return Fraction(p - 1, v * m + p - 1)
     if definition == "useful":
@@ -424,13 +421,13 @@ def convert_bubble(x, to: str):
 
 def zb_h1_bubble_time(p: int, f, b, w):
     """Idle time per device of ZB-H1 with equal stages, (p-1)(f+b-w), as in Qi et al. (1F1B: (p-1)(f+b+w))."""
-    _check_int("p", p)
+    integer_at_least(p, "p")
     return (p - 1) * (_exact(f) + _exact(b) - _exact(w))
 
 
 def min_microbatches(p: int, target, definition: str = "useful") -> int:
     """Smallest m whose bubble (equal stages, v = 1) is at most ``target`` under ``definition``."""
-    _check_int("p", p)
+    integer_at_least(p, "p")
     target = _exact(target)
     if not 0 < target < (1 if definition == "total" else float("inf")):
         raise ValueError(f"target bubble must be in (0, 1) for 'total' and > 0 for 'useful', got {target}")
@@ -442,7 +439,8 @@ def min_microbatches(p: int, target, definition: str = "useful") -> int:
 
 # ---- drawing ---------------------------------------------------------------------------------------
 
-COLORS = {"F": "#4C72B0", "B": "#DD8452", "W": "#55A868"}
+# the same colours as measured timelines (helpers.plots.PHASE_COLORS): F blue, B orange, W green
+COLORS = {k: PHASE_COLORS[name] for k, name in (("F", "forward"), ("B", "backward"), ("W", "weight grad"))}
 
 
 def gantt(tl: Timeline, ax=None, title: str | None = None, labels: bool = True, time_unit: str = "", xmax=None):

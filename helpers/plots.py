@@ -1,5 +1,44 @@
-"""Plots shared by several notebooks: the per-rank timeline of a launch (P.5, P.7, P.9, ...)."""
+"""Plots and controls shared by the notebooks.
+
+The per-rank timeline of a launch (P.4, P.5, P.7, P.9, ...), the ring all-reduce steps (P.7),
+memory bars (12.1.1, 12.1.2), one colour convention for forward/backward work (P.9's measured
+timeline and every simulated Gantt chart), and :func:`controls`, the one way notebooks show
+interactive controls (every notebook with a parameter to play with).
+"""
 from __future__ import annotations
+
+import io
+import itertools
+import math
+import weakref
+
+# One colour per kind of pipeline work, in every chart that shows it: spans named "F"/"forward"
+# in a measured timeline and F ops in a simulated Gantt chart get the same blue (P.9, 12.2.2).
+PHASE_COLORS = {"forward": "#4C72B0", "backward": "#DD8452", "weight grad": "#55A868"}
+_PHASE_ALIASES = {"F": "forward", "fwd": "forward", "B": "backward", "bwd": "backward",
+                  "W": "weight grad", "weight": "weight grad"}
+
+
+def phase_color(name: str):
+    """The colour of a kind of work ("F", "forward", "B", "backward", "W", ...), or None."""
+    return PHASE_COLORS.get(_PHASE_ALIASES.get(name, name))
+
+
+def span_colors(names) -> dict:
+    """Colours for span names: phase names get :data:`PHASE_COLORS`, the others tab10 in order
+    (skipping tab10's blue, orange and green when phase colours are in the same chart)."""
+    import matplotlib.pyplot as plt
+
+    names = list(names)
+    phases = any(phase_color(n) for n in names)
+    palette = [plt.cm.tab10(i) for i in range(10) if not (phases and i in (0, 1, 2))]
+    colors, k = {}, 0
+    for n in names:
+        if phase_color(n):
+            colors[n] = phase_color(n)
+        else:
+            colors[n], k = palette[k % len(palette)], k + 1
+    return colors
 
 
 def timeline(run, ax=None, title: str = "per-rank timeline"):
@@ -7,13 +46,16 @@ def timeline(run, ax=None, title: str = "per-rank timeline"):
 
     ``run`` is what :func:`helpers.launcher.launch` returned; spans come from
     ``helpers.commlog.span`` in the worker. Times are seconds since the first rank started.
+    Forward/backward spans take :data:`PHASE_COLORS`; the legend sits outside, right of the bars.
     """
     import matplotlib.pyplot as plt
 
     if ax is None:
         _, ax = plt.subplots(figsize=(8, 0.5 + 0.45 * run.world_size))
     names = sorted({s.name for spans in run.spans for s in spans})
-    colors = {n: plt.cm.tab10(i % 10) for i, n in enumerate(names)}
+    colors = span_colors(names)
+    order = list(PHASE_COLORS)  # forward, backward, weight grad first, then the rest by name
+    names.sort(key=lambda n: (order.index(_PHASE_ALIASES.get(n, n)) if phase_color(n) else len(order), n))
     for r in range(run.world_size):
         offset = run.rank_times[r][0] if run.rank_times else 0.0
         for s in run.spans[r]:
@@ -27,39 +69,66 @@ def timeline(run, ax=None, title: str = "per-rank timeline"):
     if names:
         from matplotlib.patches import Patch
 
-        ax.legend(handles=[Patch(color=colors[n], label=n) for n in names], loc="upper right", fontsize=8)
+        # outside the axes, to the right: a legend inside would cover the bars
+        ax.legend(handles=[Patch(color=colors[n], label=n) for n in names], loc="upper left",
+                  bbox_to_anchor=(1.01, 1.0), fontsize=9, borderaxespad=0)
     return ax
 
 
-def ring_state(state, ax=None):
+def ring_state(state, ax=None, fontsize: float = 11):
     """Draw one step of a ring all-reduce (P.7): devices x chunks with their values.
 
     ``state`` is a :class:`helpers.collectives.RingStep`; the chunks changed in this step are
-    highlighted, and the sends are listed under the grid.
+    highlighted (yellow: reduce-scatter adds, green: all-gather copies), and the sends are listed
+    under the title as ``source→destination:chunk``.
     """
     import matplotlib.pyplot as plt
     import numpy as np
+    from matplotlib.patches import Rectangle
 
     n, _, length = state.chunks.shape
     if ax is None:
-        _, ax = plt.subplots(figsize=(1.3 * n + 1, 0.6 * n + 1.2))
+        _, ax = plt.subplots(figsize=(1.1 * n + 1.2, 0.7 * n + 1.4))
     changed = {(dst, c) for _, dst, c in state.sends}
     color = "#f6c85f" if state.phase == "reduce-scatter" else "#9dd9d2"
     for d in range(n):
         for c in range(n):
             face = color if (d, c) in changed else "white"
-            ax.add_patch(plt.Rectangle((c, d), 1, 1, facecolor=face, edgecolor="k"))
+            ax.add_patch(Rectangle((c, d), 1, 1, facecolor=face, edgecolor="k"))
             vals = state.chunks[d, c]
             text = " ".join(f"{v:g}" for v in vals) if length <= 2 else f"{vals[0]:g}.."
-            ax.text(c + 0.5, d + 0.5, text, ha="center", va="center", fontsize=9)
+            ax.text(c + 0.5, d + 0.5, text, ha="center", va="center", fontsize=fontsize)
     ax.set_xlim(0, n), ax.set_ylim(n, 0)
-    ax.set_xticks(np.arange(n) + 0.5, [f"chunk {c}" for c in range(n)])
-    ax.set_yticks(np.arange(n) + 0.5, [f"device {d}" for d in range(n)])
+    ax.set_xticks(np.arange(n) + 0.5, [f"c{c}" for c in range(n)], fontsize=fontsize)
+    ax.set_yticks(np.arange(n) + 0.5, [f"dev {d}" for d in range(n)], fontsize=fontsize)
+    ax.set_xlabel("chunk", fontsize=fontsize)
     ax.tick_params(length=0)
     title = "start" if state.phase == "start" else f"{state.phase} step {state.step} of {n - 1}"
-    sends = ", ".join(f"{s}→{t}:c{c}" for s, t, c in state.sends)
-    ax.set_title(title + (f"\nsends {sends}" if sends else ""), fontsize=9)
+    sends = " ".join(f"{s}→{t}:c{c}" for s, t, c in state.sends)
+    ax.set_title(title + f"\n{'sends ' + sends if sends else 'each device its own vector'}", fontsize=fontsize)
     return ax
+
+
+def ring_steps(states, ncols: int = 4, panel=(2.4, 2.9)):
+    """All steps of a ring all-reduce in a grid of panels (P.7): readable at laptop width.
+
+    ``states`` is :func:`helpers.collectives.ring_allreduce_steps`'s list (start, N-1
+    reduce-scatter steps, N-1 all-gather steps). Rows of ``ncols`` panels; the start and the
+    reduce-scatter steps fill the first row for N = 4, the all-gather steps the second.
+    Returns the figure (made without pyplot's registry, see :func:`figure`).
+    """
+    if not states:
+        raise ValueError("states must hold at least the start state")
+    if ncols < 1:
+        raise ValueError(f"ncols must be at least 1, got {ncols}")
+    nrows = -(-len(states) // ncols)
+    fig, axes = figure(panel[0] * ncols, panel[1] * nrows, nrows=nrows, ncols=ncols, squeeze=False)
+    for k, ax in enumerate(axes.flat):
+        if k < len(states):
+            ring_state(states[k], ax, fontsize=10)
+        else:
+            ax.axis("off")
+    return fig
 
 
 def alpha_beta_fit(sizes, measured, model, ax=None, label="all-reduce"):
@@ -98,3 +167,300 @@ def memory_bars(per_device: dict, hbm_bytes: float | None = None, ax=None, title
     ax.set_title(title)
     ax.legend(fontsize=8)
     return ax
+
+
+def lanes(rows: dict, lanes: dict, ax=None, title: str = "", unit: float = 1e3):
+    """Spans drawn in lanes: one group of rows per entry of ``rows``, one lane per entry of
+    ``lanes`` (P.6, 12.1.2, 12.2.1: compute above, communication below, so that what runs at the
+    same time is seen side by side instead of hidden under another bar).
+
+    ``rows`` maps a label (e.g. "rank 0, overlapped") to {span name: [(start, end), ...]} in
+    seconds, or to a list of :class:`helpers.commlog.Span` (as in ``run.spans[r]``); ``lanes``
+    maps a lane label to the span names drawn in it. Times are shown in ms (``unit``). Concurrent
+    spans of one lane are drawn half height, alternating, so each stays visible. The legend sits
+    outside, right of the bars.
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    names = [n for ns in lanes.values() for n in ns]
+    colors = span_colors(names)  # forward/backward in PHASE_COLORS, as in timeline
+    n_lanes = len(lanes)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 0.4 + 0.32 * n_lanes * len(rows)))
+    ticks, labels = [], []
+    for g, (label, spans) in enumerate(rows.items()):
+        if isinstance(spans, (list, tuple)):
+            grouped = {}
+            for sp in spans:
+                grouped.setdefault(sp.name, []).append((sp.start, sp.end))
+            spans = grouped
+        for k, (lane, members) in enumerate(lanes.items()):
+            y = g * (n_lanes + 0.6) + k
+            ticks.append(y), labels.append(f"{label}: {lane}")
+            bars = sorted((s, e, n) for n in members for s, e in spans.get(n, []))
+            for i, (s, e, n) in enumerate(bars):
+                busy = i > 0 and s < bars[i - 1][1]
+                ax.barh(y + (0.2 if busy else 0), (e - s) * unit, left=s * unit,
+                        height=0.4 if busy else 0.8, color=colors[n], edgecolor="k", linewidth=0.4)
+    ax.set_yticks(ticks, labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("ms")
+    ax.set_title(title)
+    # outside the axes, to the right: a legend inside would cover the bars
+    ax.legend(handles=[Patch(color=colors[n], label=n) for n in names], loc="upper left",
+              bbox_to_anchor=(1.01, 1.0), fontsize=8, borderaxespad=0)
+    return ax
+
+
+# ---- figures and controls ----------------------------------------------------------------------
+
+
+def figure(width: float, height: float, nrows: int = 1, ncols: int = 1, layout: str = "constrained", **kw):
+    """A matplotlib figure and its axes, *not* registered with pyplot.
+
+    Controls' callbacks draw on these (see :func:`controls`): a callback may run in a kernel
+    subshell thread while another cell runs, and pyplot's global list of open figures is shared
+    between threads: the inline backend flushing another cell's figures would display or close a
+    callback's half-drawn figure (the blank plot of 12.1.2's explorer). ``kw`` goes to
+    ``Figure.subplots`` (``sharex``, ``squeeze``, ...). Returns ``(fig, ax)`` or ``(fig, axes)``.
+    """
+    from matplotlib.figure import Figure
+
+    if width <= 0 or height <= 0:
+        raise ValueError(f"figure size must be positive, got {width} x {height}")
+    fig = Figure(figsize=(width, height), layout=layout)
+    return fig, fig.subplots(nrows, ncols, **kw)
+
+
+def series_125(lo: float, hi: float) -> list:
+    """The values 1, 2, 5 x 10^k from ``lo`` to ``hi`` inclusive (a log scale with round steps)."""
+    if not 0 < lo <= hi:
+        raise ValueError(f"need 0 < lo <= hi, got lo={lo}, hi={hi}")
+    out = []
+    for e in range(math.floor(math.log10(lo)) - 1, math.ceil(math.log10(hi)) + 1):
+        for m in (1, 2, 5):
+            v = float(f"{m}e{e}")
+            if lo * (1 - 1e-12) <= v <= hi * (1 + 1e-12):
+                out.append(v)
+    return out
+
+
+def log_slider(value: float, lo: float, hi: float, description: str = "", fmt: str = "{:g}", extra=()):
+    """A slider over round values on a log scale (1-2-5 per decade) that holds ``value`` exactly.
+
+    Replaces ``FloatLogSlider``, whose step (0.1 in the exponent by default) moves a start value
+    off the book's: 7.5 shows as 7.94 and 400 as 398. ``extra`` adds more exact stops (other
+    values the chapter uses).
+    """
+    from ipywidgets import SelectionSlider
+
+    if not lo <= value <= hi:
+        raise ValueError(f"start value {value} must lie in [{lo}, {hi}]")
+    values = sorted(set(series_125(lo, hi)) | {float(value)} | {float(x) for x in extra})
+    return SelectionSlider(options=[(fmt.format(v), v) for v in values], value=float(value),
+                           description=description)
+
+
+def say(*lines: str, width: int = 100) -> None:
+    """Print sentences wrapped at word boundaries, ``width`` characters a line.
+
+    JupyterLab breaks a long output line wherever the window ends, mid-word; callbacks of
+    :func:`controls` print their sentences with this instead. Each argument starts a new line;
+    the continuation lines of a wrapped one are indented by two spaces.
+    """
+    import textwrap
+
+    for line in lines:
+        print(textwrap.fill(line, width, subsequent_indent="  ", break_long_words=False) if line else "")
+
+
+def _on_grid(value, lo, step) -> bool:
+    k = (value - lo) / step
+    return abs(k - round(k)) <= 1e-9 * max(1.0, abs(k))
+
+
+def check_start(name: str, widget) -> None:
+    """Refuse a control whose start value the browser would move (ValueError) or a FloatLogSlider.
+
+    JupyterLab's sliders snap to ``min + k * step``: a start value off that grid is moved when
+    the slider is drawn, the kernel gets the moved value and the callback runs a second time on
+    a value that is not the book's.
+    """
+    from ipywidgets import FloatLogSlider, FloatSlider, IntSlider
+
+    if isinstance(widget, FloatLogSlider):
+        raise TypeError(f"control {name!r}: FloatLogSlider moves its start value when drawn; "
+                        "use plots.log_slider(value, lo, hi)")
+    if isinstance(widget, (FloatSlider, IntSlider)) and not _on_grid(widget.value, widget.min, widget.step):
+        raise ValueError(f"control {name!r}: start value {widget.value} is not min + k * step "
+                         f"(min {widget.min}, step {widget.step}); the browser would move it")
+
+
+def _show_value(widget, value) -> str:
+    labels = getattr(widget, "_options_labels", None)
+    options = getattr(widget, "_options_values", None)
+    if labels and options is not None:
+        for lab, v in zip(labels, options):
+            if v is value or v == value:
+                return lab
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _figures(result):
+    from matplotlib.figure import Figure
+
+    if result is None:
+        return []
+    items = list(result) if isinstance(result, (list, tuple)) else [result]
+    bad = [type(x).__name__ for x in items if not isinstance(x, Figure)]
+    if bad:
+        raise TypeError(f"a controls callback returns None, a Figure or a list of Figures, got {bad}")
+    return items
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", bbox_inches="tight", facecolor="white")
+    return buf.getvalue()
+
+
+def _controls_class():
+    from ipywidgets import Output, VBox
+
+    class Controls(VBox):
+        """The controls of :func:`controls`: ``widgets`` (name -> control), ``out`` (the Output the
+        callback draws into), ``start`` (the values it started with), ``values`` (now), ``runs``
+        (how many times the callback ran: once at the start, once per change)."""
+
+        def __init__(self, fn, widgets):
+            self.fn, self.widgets, self.out, self.runs = fn, dict(widgets), Output(), 0
+            self.serial = next(_SERIAL)
+            _SHOWN.add(self)
+            width = max(len(w.description) for w in self.widgets.values())
+            for w in self.widgets.values():
+                if hasattr(w, "style") and hasattr(w.style, "description_width"):
+                    w.style.description_width = f"{width + 2}ch"  # names in full, aligned
+                    if w.layout.width is None:
+                        w.layout.width = f"calc({width + 2}ch + 320px)"  # the control keeps its width
+                if hasattr(w, "continuous_update"):
+                    w.continuous_update = False  # one run per release, not one per pixel
+                w.observe(self._changed, names="value")
+            self.start = self.values
+            super().__init__(children=[*self.widgets.values(), self.out])
+            self._draw(note=None, first=True)
+
+        @property
+        def values(self) -> dict:
+            return {k: w.value for k, w in self.widgets.items()}
+
+        def _changed(self, change):
+            w = change["owner"]
+            name = next(k for k, x in self.widgets.items() if x is w)
+            note = (f"You moved '{w.description or name}' from {_show_value(w, change['old'])} to "
+                    f"{_show_value(w, change['new'])} (it starts at {_show_value(w, self.start[name])}).")
+            self._draw(note)
+
+        def _draw(self, note, first=False):
+            """Run the callback and set the Output's outputs to what it printed and drew.
+
+            The outputs are set as the Output widget's state, not captured from the kernel's
+            messages (``with out:``): JupyterLab creates the Output's model asynchronously, and
+            output sent before it is ready lands in the cell, above the controls, where the next
+            run cannot clear it (seen in the browser test).
+            """
+            import base64
+            import contextlib
+            import sys
+            import traceback
+
+            pyplot = sys.modules.get("matplotlib.pyplot")
+            before = set(pyplot.get_fignums()) if first and pyplot else set()
+            text, outputs, error = io.StringIO(), [], None
+            try:
+                with contextlib.redirect_stdout(text):
+                    if note:
+                        say(note)
+                    figs = _figures(self.fn(**self.values))
+                made = set(pyplot.get_fignums()) - before if first and pyplot else set()
+                if made:
+                    for num in made:
+                        pyplot.close(num)
+                    raise TypeError("a controls callback must draw on plots.figure(...) and return the "
+                                    "figure, not use pyplot (plt.subplots / plt.figure)")
+                images = [base64.b64encode(_png(fig)).decode("ascii") for fig in figs]
+            except Exception as exc:
+                error, images = exc, []
+            finally:
+                self.runs += 1
+            if text.getvalue():
+                outputs.append({"output_type": "stream", "name": "stdout", "text": text.getvalue()})
+            outputs += [{"output_type": "display_data", "metadata": {},
+                         "data": {"image/png": png, "text/plain": "<figure>"}} for png in images]
+            if error is not None and not first:  # shown under the controls; the controls stay usable
+                outputs.append({"output_type": "error", "ename": type(error).__name__, "evalue": str(error),
+                                "traceback": traceback.format_exception(error)})
+            self.out.outputs = tuple(outputs)
+            if error is not None and first:
+                raise error  # the first run is the cell's own: a broken callback fails the cell
+
+    return Controls
+
+
+_CONTROLS = None
+_SHOWN = weakref.WeakSet()
+_SERIAL = itertools.count()
+
+
+def controls(fn, /, **widgets):
+    """Interactive controls for ``fn``: the one way notebooks show them (instead of ``interact``).
+
+    ``widgets`` maps each parameter of ``fn`` to an ipywidgets control (an ``IntSlider``,
+    :func:`log_slider`, a ``Dropdown``, ...). ``fn`` runs once now and again after each change;
+    it prints (with :func:`say`) a sentence saying what the values mean and returns ``None``, a
+    figure made with :func:`figure`, or a list of them. Returned is a ``Controls`` box; as the cell's last
+    expression it shows the controls and the output. Differences from ``interact``, each fixing
+    something seen in the browser:
+
+    * a start value the browser would move (off a slider's step grid, or any ``FloatLogSlider``)
+      is refused (ValueError / TypeError), so the controls start exactly at the book's values and
+      the callback does not run a second time on its own right after the cell;
+    * figures are drawn off pyplot and shown as PNG images, so no other cell's inline flush can
+      blank or steal them; a callback that uses pyplot fails; what the callback prints and draws
+      becomes the Output's state (not captured messages), so it always lands under the controls;
+    * control names are shown in full and aligned; sliders update on release;
+    * after a change the output first says which control moved, from what to what, and where
+      it started (the book's value);
+    * an error in the first run fails the cell (nbval sees it); later errors show under the
+      controls.
+    """
+    global _CONTROLS
+    import inspect
+
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    if not widgets:
+        raise ValueError("controls needs at least one control")
+    params = inspect.signature(fn).parameters
+    missing = [k for k in widgets if k not in params]
+    unset = [k for k, p in params.items() if k not in widgets and p.default is inspect.Parameter.empty]
+    if missing or unset:
+        raise TypeError(f"controls for {fn.__name__}: no parameter named {missing}" if missing
+                        else f"controls for {fn.__name__}: parameters without a control or default: {unset}")
+    from ipywidgets import ValueWidget
+
+    for name, w in widgets.items():
+        if not isinstance(w, ValueWidget):
+            raise TypeError(f"control {name!r} must be an ipywidgets control, got {type(w).__name__}")
+        if not w.description:
+            w.description = name
+        check_start(name, w)
+    if _CONTROLS is None:
+        _CONTROLS = _controls_class()
+    return _CONTROLS(fn, widgets)
+
+
+def live_controls() -> list:
+    """Every :func:`controls` box alive in this process, oldest first (the browser test asks the
+    kernel for them)."""
+    return sorted(_SHOWN, key=lambda c: c.serial)

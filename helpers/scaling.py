@@ -18,19 +18,14 @@ launcher's ``torch.distributed`` ranks, combined with an all-reduce).
 """
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from .validate import durations, integer_at_least, positive_number
+
 MODES = ("strong", "weak")
-
-
-def _positive_int(v, name: str) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
-    return v
 
 
 def _mode(mode: str) -> str:
@@ -51,8 +46,7 @@ def work(n: int) -> int:
 
 def work_reference(n: int) -> int:
     """``work(n)`` in closed form (sum of i*i % 7 over i < n), to check results exactly."""
-    if n < 0:
-        raise ValueError(f"n must be >= 0, got {n}")
+    integer_at_least(n, "n", 0)
     period = [i * i % 7 for i in range(7)]  # i*i % 7 depends only on i % 7
     q, r = divmod(n, 7)
     return q * sum(period) + sum(period[:r])
@@ -61,7 +55,7 @@ def work_reference(n: int) -> int:
 def task_sizes(mode: str, workers: int, tasks: int, size: int) -> list[int]:
     """The task list for one setting: ``tasks`` tasks in strong mode, ``tasks * workers`` in weak."""
     _mode(mode)
-    workers, tasks, size = (_positive_int(v, k) for v, k in ((workers, "workers"), (tasks, "tasks"), (size, "size")))
+    workers, tasks, size = (integer_at_least(v, k) for v, k in ((workers, "workers"), (tasks, "tasks"), (size, "size")))
     return [size] * (tasks if mode == "strong" else tasks * workers)
 
 
@@ -103,10 +97,9 @@ class Trial:
     def __post_init__(self):
         if not self.phases:
             raise ValueError("a trial needs at least one timed phase")
-        if any(not (isinstance(v, (int, float)) and v >= 0 and math.isfinite(v)) for v in self.phases.values()):
-            raise ValueError(f"phase times must be finite and >= 0, got {self.phases}")
-        if any(not (isinstance(v, (int, float)) and v >= 0) for v in self.per_worker + self.per_worker_cpu):
-            raise ValueError(f"per-worker times must be >= 0, got {self.per_worker}, {self.per_worker_cpu}")
+        durations(self.phases.values(), "phase times")
+        if self.per_worker or self.per_worker_cpu:
+            durations(self.per_worker + self.per_worker_cpu, "per-worker times")
         if self.per_worker_cpu and len(self.per_worker_cpu) != len(self.per_worker):
             raise ValueError("per_worker_cpu must have one entry per worker, like per_worker")
 
@@ -140,11 +133,6 @@ class Setting:
         """(min, max) over kept trials: report it beside the median, never the best run alone."""
         v = self.values(phase)
         return min(v), max(v)
-
-    def relative_spread(self, phase: str | None = None) -> float:
-        """(max - min) / median."""
-        lo, hi = self.spread(phase)
-        return (hi - lo) / self.median(phase)
 
     def phase_medians(self) -> dict[str, float]:
         return {p: self.median(p) for p in self.trials[0].phases}
@@ -226,14 +214,13 @@ def run_protocol(measure, workers=(1, 2, 4), repeats: int = 5, warmup: int = 1, 
     affects every setting alike instead of biasing whichever ran during it.
     """
     _mode(mode)
-    repeats = _positive_int(repeats, "repeats")
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup must be an integer >= 0, got {warmup!r}")
+    repeats = integer_at_least(repeats, "repeats")
+    integer_at_least(warmup, "warmup", 0)
     workers = list(workers)
     if not workers:
         raise ValueError("workers must list at least one worker count")
     for n in workers:
-        _positive_int(n, "each worker count")
+        integer_at_least(n, "each worker count")
     if len(set(workers)) != len(workers):
         raise ValueError(f"worker counts must be distinct, got {workers}")
     def call(n, count):
@@ -272,15 +259,13 @@ def analyze(times, baseline: float | None = None, mode: str = "strong") -> list[
     if not times:
         raise ValueError("times must map at least one worker count to a time")
     for n, t in times.items():
-        _positive_int(n, "each worker count")
-        if not (isinstance(t, (int, float)) and t > 0 and math.isfinite(t)):
-            raise ValueError(f"times must be finite and > 0, got T({n}) = {t!r}")
+        integer_at_least(n, "each worker count")
+        positive_number(t, f"the time T({n})")
     if baseline is None:
         if 1 not in times:
             raise ValueError("no baseline: give times[1] (one worker) or baseline=")
         baseline = times[1]
-    if not (isinstance(baseline, (int, float)) and baseline > 0):
-        raise ValueError(f"baseline must be a time > 0, got {baseline!r}")
+    positive_number(baseline, "baseline (the one-worker time)")
     rows = []
     for n in sorted(times):
         t = times[n]
@@ -304,8 +289,7 @@ def karp_flatt_range(t1: float, tn: float, n: int, half_width: float) -> tuple[f
     """
     from .amdahl import karp_flatt
 
-    if half_width < 0:
-        raise ValueError(f"half_width must be >= 0, got {half_width}")
+    positive_number(half_width, "half_width", allow_zero=True)
     if t1 - half_width <= 0 or tn - half_width <= 0:
         raise ValueError("times must exceed half_width")
     lo = karp_flatt((t1 + half_width) / (tn - half_width), n)
@@ -387,7 +371,7 @@ def scaling_worker(tasks: int, size: int, count: int, mode: str = "strong"):
     rank, world = dist.get_rank(), dist.get_world_size()
     sizes = task_sizes(mode, world, tasks, size)
     runs = []
-    for _ in range(_positive_int(count, "count")):
+    for _ in range(integer_at_least(count, "count")):
         dist.barrier()
         t0, c0 = time.perf_counter(), time.process_time()
         with span("compute"):

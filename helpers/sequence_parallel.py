@@ -8,42 +8,25 @@ sequence in place of each all-reduce, LayerNorm and dropout on s/t positions). T
   ``torch.autograd.graph.saved_tensors_hooks`` (each storage counted once, parameters excluded);
 * :func:`activation_memory_worker`: that measurement on the ranks for plain TP and TP+SP;
 * the activation-memory formulas of Korthikanti et al. 2022 (per layer, 16-bit activations,
-  1-byte dropout masks): ``sbh(34 + 5as/h)`` on one device, ``sbh(10 + 24/t + 5as/(ht))`` with
-  TP, ``sbh/t (34 + 5as/h)`` with TP+SP; and the section's own versions, for comparison;
+  1-byte dropout masks; :func:`helpers.costs.activation_bytes_per_layer`): ``sbh(34 + 5as/h)``
+  on one device, ``sbh(10 + 24/t + 5as/(ht))`` with TP, ``sbh/t (34 + 5as/h)`` with TP+SP; their
+  inventory, and the section's own printed version, for comparison;
 * the communication of a step, summed from the collectives the ranks recorded.
 """
 from __future__ import annotations
 
 import torch
 
-from .tensor_parallel import (BlockConfig, ParallelBlock, as_config, block_inputs, check_tp_shapes, make_block_params,
-                              split_seq, tp_rank_size)
+from . import costs
+from .costs import activation_bytes_per_layer  # noqa: F401 (12.3.1's formula, used by the notebook)
+from .tensor_parallel import block_inputs
+from .tp_block import BlockConfig, ParallelBlock, as_config, check_tp_shapes, make_block_params
+from .tp_layers import split_seq, tp_rank_size
 from .tp_numpy import check_degree
 
 
 # ---- formulas -------------------------------------------------------------------------------------
-
-def activation_bytes_per_layer(s: int, b: int, h: int, a: int, t: int = 1, sequence_parallel: bool = False,
-                               attention_scores: bool = True) -> float:
-    """Korthikanti et al. 2022: activation bytes one transformer layer keeps for backward, per rank.
-
-    16-bit activations and 1-byte dropout masks, FFN width 4h. ``attention_scores=False`` drops
-    the 5as/h term (FlashAttention or selective recomputation does not store the s x s scores).
-
-    * t = 1:          s b h (34 + 5 a s / h)
-    * TP:             s b h (10 + 24/t + 5 a s / (h t))     (10 = LayerNorm inputs 4, their
-                      outputs feeding QKV and fc1 4, two dropout masks 2: replicated)
-    * TP + SP:        s b h / t (34 + 5 a s / h)
-    """
-    t = check_degree(t)
-    for name, v in (("s", s), ("b", b), ("h", h), ("a", a)):
-        if v < 1:
-            raise ValueError(f"{name} must be >= 1, got {v}")
-    scores = 5 * a * s / h if attention_scores else 0.0
-    if sequence_parallel:
-        return s * b * h / t * (34 + scores)
-    return s * b * h * (10 + 24 / t + scores / t)
-
+# activation_bytes_per_layer (Korthikanti et al.'s formula, every variant) is helpers.costs' (imported above).
 
 def book_tp_formula(s: int, b: int, h: int, t: int) -> float:
     """12.3.1's printed "without sequence parallelism" formula: s b h x 34/t + s b h x 10."""
@@ -147,9 +130,7 @@ def activation_memory_worker(cfg: BlockConfig | dict | None = None, s: int = 16,
 
 def ring_bytes(ops) -> float:
     """Ring-model bytes sent per rank for a list of (op, payload bytes, group size) (P.7's model)."""
-    from .commlog import ring_bytes_sent
-
-    return sum(ring_bytes_sent(op, nbytes, n) for op, nbytes, n in ops)
+    return sum(costs.ring_bytes_sent(op, nbytes, n) for op, nbytes, n in ops)
 
 
 def payload_bytes(ops) -> int:
@@ -175,7 +156,8 @@ def book_12_3_1(s: int = 4096, b: int = 4, h: int = 5120, layers: int = 40, t: i
         "book's per-layer figure (sbh x 10 x 2 bytes), GiB": 2 * stranded / 2**30,
         "TP+SP+flash per layer (34 sbh / t), GB": 34 * sbh / t / GB,
         "TP+SP+flash over layers, GB": layers * 34 * sbh / t / GB,
-        "all-reduce sent per device, GB": 2 * (t - 1) / t * sbh * 2 / GB,
-        "reduce-scatter + all-gather sent per device, GB": 2 * ((t - 1) / t * sbh * 2) / GB,
+        "all-reduce sent per device, GB": costs.allreduce_bytes(t, sbh * 2) / GB,
+        "reduce-scatter + all-gather sent per device, GB": (costs.ring_bytes_sent("reduce_scatter", sbh * 2, t)
+                                                            + costs.ring_bytes_sent("all_gather", sbh * 2, t)) / GB,
         "5as/h (attention-scores term without flash)": 5 * a * s / h,
     }

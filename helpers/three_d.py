@@ -29,10 +29,12 @@ from __future__ import annotations
 
 import torch
 
+from .commlog import as_tuples, mark, ops_since
 from .mesh import Mesh, build_groups
 from .pipeline_parallel import layer_ranges
 from .pipeline_schedule import op_orders
-from .tensor_parallel import BlockConfig, ParallelBlock, make_block_params, reference_block, shard_block_params
+from .tp_block import BlockConfig, ParallelBlock, make_block_params, reference_block, shard_block_params
+from .validate import integer_at_least
 
 SCHEDULES = ("1f1b", "gpipe")
 
@@ -53,8 +55,7 @@ def make_batch(batch: int, seq: int, h: int, seed: int = 1):
 def check_layout(dp: int, pp: int, tp: int, n_blocks: int, batch: int, m: int, cfg: BlockConfig) -> None:
     """ValueError unless every degree divides what it partitions (P.11's constraints)."""
     for name, v in (("dp", dp), ("pp", pp), ("tp", tp), ("n_blocks", n_blocks), ("batch", batch), ("m", m)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        integer_at_least(v, name)
     if n_blocks % pp:
         raise ValueError(f"PP={pp} must divide the {n_blocks} blocks")
     if batch % (dp * m):
@@ -63,20 +64,6 @@ def check_layout(dp: int, pp: int, tp: int, n_blocks: int, batch: int, m: int, c
         raise ValueError(f"TP={tp} must divide the {cfg.heads} heads and the FFN width {cfg.ffn}")
     if cfg.p_drop:
         raise ValueError("the 3D demo compares with one process exactly: use a config without dropout")
-
-
-def _log_len() -> int:
-    from .commlog import active_log
-
-    log = active_log()
-    return len(log.ops) if log is not None else 0
-
-
-def _log_since(i: int) -> list:
-    from .commlog import active_log
-
-    log = active_log()
-    return [(o.op, o.bytes, o.group_size) for o in log.ops[i:]] if log is not None else []
 
 
 def three_d_worker(dp: int = 2, pp: int = 2, tp: int = 2, steps: int = 3, m: int = 2, batch: int = 8, seq: int = 8,
@@ -127,12 +114,12 @@ def three_d_worker(dp: int = 2, pp: int = 2, tp: int = 2, steps: int = 3, m: int
                     x = X[:, cols]
                 else:
                     x = torch.empty(seq, mb, cfg.h, dtype=torch.float64, device=dev)
-                    i = _log_len()
+                    at = mark()
                     with span("recv"):
                         dist.recv(x, src=pp_ranks[stage - 1], tag=j)
-                    phase["pp"] += _log_since(i)
+                    phase["pp"] += as_tuples(ops_since(at))
                     x.requires_grad_(True)
-                i = _log_len()
+                at = mark()
                 with span("F"):
                     out = x
                     for b in blocks:
@@ -140,39 +127,39 @@ def three_d_worker(dp: int = 2, pp: int = 2, tp: int = 2, steps: int = 3, m: int
                     if last:
                         out = ((out - Y[:, cols]) ** 2).sum() * scale
                         loss_sum += out.item()
-                phase["tp"] += _log_since(i)
+                phase["tp"] += as_tuples(ops_since(at))
                 if not last:
                     send = out.detach()
-                    i = _log_len()
+                    at = mark()
                     sends.append((dist.isend(send, dst=pp_ranks[stage + 1], tag=j), send))
-                    phase["pp"] += _log_since(i)
+                    phase["pp"] += as_tuples(ops_since(at))
                 state[j] = (x, out)
             else:  # "B"
                 x, out = state.pop(j)
                 g = None
                 if not last:
                     g = torch.empty(seq, mb, cfg.h, dtype=torch.float64, device=dev)
-                    i = _log_len()
+                    at = mark()
                     with span("recv"):
                         dist.recv(g, src=pp_ranks[stage + 1], tag=m + j)
-                    phase["pp"] += _log_since(i)
-                i = _log_len()
+                    phase["pp"] += as_tuples(ops_since(at))
+                at = mark()
                 with span("B"):
                     out.backward(g)
-                phase["tp"] += _log_since(i)
+                phase["tp"] += as_tuples(ops_since(at))
                 if stage > 0:
-                    i = _log_len()
+                    at = mark()
                     sends.append((dist.isend(x.grad, dst=pp_ranks[stage - 1], tag=m + j), x.grad))
-                    phase["pp"] += _log_since(i)
+                    phase["pp"] += as_tuples(ops_since(at))
         for work, _ in sends:
             work.wait()
         # data parallelism: one all-reduce of every gradient, flattened, over the DP group
         flat = torch.cat([p.grad.reshape(-1) for p in params])
-        i = _log_len()
+        at = mark()
         if dp > 1:
             with span("DP all-reduce"):
                 dist.all_reduce(flat, group=groups["dp"])
-        phase["dp"] = _log_since(i)
+        phase["dp"] = as_tuples(ops_since(at))
         with torch.no_grad():
             k = 0
             for p in params:

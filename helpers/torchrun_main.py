@@ -6,7 +6,8 @@
         -m helpers.torchrun_main helpers.data_parallel:ddp_train_worker --kwargs '{"steps": 5}'
 
 torchrun sets RANK, WORLD_SIZE, LOCAL_RANK and the rendezvous; this module picks NCCL with
-``cuda:LOCAL_RANK`` when each local rank has a GPU and gloo on the CPU otherwise, says which,
+``cuda:LOCAL_RANK`` (and gloo beside it for CPU tensors, as the launcher does) when each local
+rank has a GPU and gloo on the CPU otherwise, says which,
 calls the function, and prints each rank's return value. The function is the same one a notebook
 passes to :func:`helpers.launcher.launch`.
 """
@@ -51,7 +52,7 @@ def main(argv=None):
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
     worker.set_device("cuda" if backend == "nccl" else "cpu", local_rank)
-    dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout))
+    dist.init_process_group(worker.process_group_backend(backend), timeout=timedelta(seconds=args.timeout))
     rank, world = dist.get_rank(), dist.get_world_size()
     if rank == 0:
         print(f"backend={backend} device={'cuda' if backend == 'nccl' else 'cpu'} world_size={world} (torchrun)", flush=True)

@@ -13,23 +13,21 @@ from __future__ import annotations
 
 import numpy as np
 
+from .validate import equal_parts, index_below, integer_at_least
+
 
 # ---- constraints ---------------------------------------------------------------------------------
 
 def check_degree(t) -> int:
     """A tensor-parallel degree must be an integer >= 1."""
-    if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 1:
-        raise ValueError(f"the tensor-parallel degree t must be an integer >= 1, got {t!r}")
+    integer_at_least(t, "the tensor-parallel degree t")
     return int(t)
 
 
 def check_divides(what: str, size: int, t: int) -> int:
     """``size // t``; ValueError naming ``what`` unless t divides it (12.2.1: heads, FFN width...)."""
-    t = check_degree(t)
-    if size % t:
-        raise ValueError(f"{what} ({size}) must be divisible by the tensor-parallel degree t={t} "
-                         f"({size} % {t} = {size % t})")
-    return size // t
+    parts = equal_parts(size, check_degree(t), what + " ({n}) must be divisible by the tensor-parallel degree t={k} ({n} % {k} = {r})")
+    return len(parts[0])
 
 
 # ---- the two splits (P.8's 2x2 example) ----------------------------------------------------------
@@ -161,8 +159,7 @@ def head_columns(h: int, heads: int, t: int, rank: int) -> slice:
     """The columns of Wq/Wk/Wv (and rows of Wo) that rank ``rank`` holds: its heads' block."""
     check_divides("the hidden size h", h, heads)
     per = check_divides("the number of attention heads", heads, t)
-    if not 0 <= rank < t:
-        raise ValueError(f"rank must be in [0, {t}), got {rank}")
+    index_below(rank, "rank", t)
     d = h // heads
     return slice(rank * per * d, (rank + 1) * per * d)
 
@@ -260,8 +257,7 @@ def numerical_grad(f, x: np.ndarray, eps: float = 1e-6) -> np.ndarray:
 def random_problem(s: int = 6, h: int = 8, ffn: int = 16, heads: int = 4, seed: int = 0) -> dict:
     """Random X, MLP weights A, B and attention weights (float64) for the checks."""
     for name, v in (("s", s), ("h", h), ("ffn", ffn), ("heads", heads)):
-        if not isinstance(v, (int, np.integer)) or v < 1:
-            raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        integer_at_least(v, name)
     check_divides("the hidden size h", h, heads)
     rng = np.random.default_rng(seed)
     n = lambda *shape, scale=1.0: rng.normal(size=shape) * scale

@@ -1,13 +1,22 @@
 """The rank side of the launcher: a long-lived worker process that runs one job after another.
 
 Serves every notebook that runs ``torch.distributed`` (P.5 onwards). The parent
-(:mod:`helpers.launcher`) starts these processes once per kernel and keeps them; each job gets a
-fresh process group on a fresh store prefix, so a repeated launch costs an ``init_process_group``
-and not a fresh ``import torch``.
+(:mod:`helpers.launcher`, through :mod:`helpers.pool`) starts these processes once per kernel and
+keeps them; :mod:`helpers.collect` reads their messages. Each job gets a fresh process group on a
+fresh store prefix, so a repeated launch costs an ``init_process_group`` and not a fresh
+``import torch``.
 
 Functions defined in a notebook live in ``__main__`` of the kernel, which a child cannot import.
 The parent pickles them by value with cloudpickle and this module unpickles them: that is the
 trampoline. Functions from importable modules are pickled by reference as usual.
+
+Beside the job, a small thread per worker (:func:`_listen`) is its lifeline: it ends the process
+as soon as the parent's end of the pipe closes (the kernel died, even if it is an unreaped
+zombie, or the launcher dropped the worker), and it answers the launcher's ``status`` question
+while the main thread is blocked in a collective: the phase, the ``torch.distributed`` call and
+the line the main thread is at, and the communication log's last call and counts
+(:mod:`helpers.hang` turns the answers into a diagnosis). Every socket gloo opens binds the
+loopback interface.
 
 Inside a job, worker code can ask for:
 
@@ -17,9 +26,12 @@ Inside a job, worker code can ask for:
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import io
 import os
 import pickle
+import queue
 import signal
 import sys
 import threading
@@ -78,56 +90,240 @@ class _Forward(io.TextIOBase):
         return len(text)
 
 
-def _watch_parent(parent_pid: int):
-    """Exit this process when the kernel that owns it is gone (no orphans, even mid-job)."""
-    while True:
-        time.sleep(1.0)
+def process_ended(pid: int) -> bool:
+    """True when process ``pid`` has ended, also while it is an unreaped zombie (Linux's /proc;
+    elsewhere only a reaped process counts as ended)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
+    except FileNotFoundError:
+        return True
+    except OSError:  # no /proc (not Linux): signal 0 at least sees a reaped process
         try:
-            os.kill(parent_pid, 0)
+            os.kill(pid, 0)
         except OSError:
+            return True
+        return False
+
+
+# What this worker is doing, for the parent's hang diagnosis (read by the listener thread).
+_STATE = {"phase": "starting", "job": None}
+_MAIN_THREAD = threading.main_thread()
+_COMMLOG_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "commlog.py")
+
+
+def _where_now() -> dict:
+    """Where the main thread is: the ``torch.distributed`` call it waits in, and the job's own line.
+
+    The main thread of a rank stuck in a collective is blocked in C++ with the GIL released, so
+    this thread can read its Python stack: the outermost frame in ``distributed_c10d`` names the
+    call (``all_reduce``, ``recv``, ``barrier``...), the innermost frame outside torch and the
+    standard library is the job's own code.
+    """
+    frame = sys._current_frames().get(_MAIN_THREAD.ident)
+    if frame is None:  # pragma: no cover - the main thread always has a frame while alive
+        return {}
+    stack = traceback.extract_stack(frame)
+    for i, fs in enumerate(stack):
+        if fs.name == "_run_job" and fs.filename == __file__:
+            stack = stack[i + 1:]
+            break
+    else:
+        return {}
+    dist_call = next((fs.name for fs in stack if fs.filename.endswith("distributed_c10d.py")), None)
+    if dist_call is None:
+        dist_call = next((fs.name for fs in stack if _in_torch_distributed(fs.filename)), None)
+    own = [fs for fs in stack if not _library_file(fs.filename)]
+    where = None
+    if own:
+        fs = own[-1]
+        where = f"{fs.name}, line {fs.lineno}" + ("" if fs.filename.startswith("<") else f" of {os.path.basename(fs.filename)}")
+    return {"dist_call": dist_call, "where": where}
+
+
+def _in_torch_distributed(filename: str) -> bool:
+    return f"{os.sep}torch{os.sep}distributed{os.sep}" in filename
+
+
+@functools.lru_cache(maxsize=None)
+def _library_dirs():
+    import sysconfig
+
+    import torch
+
+    paths = sysconfig.get_paths()
+    site = tuple(os.path.join(paths[k], "") for k in ("purelib", "platlib"))
+    return os.path.join(paths["stdlib"], ""), os.path.join(os.path.dirname(torch.__file__), ""), site
+
+
+def _library_file(filename: str) -> bool:
+    """Frames of the standard library, of torch and of the recorder: not the job's own code."""
+    stdlib, torch_dir, site = _library_dirs()
+    if filename.startswith(torch_dir) or filename == _COMMLOG_FILE:
+        return True
+    return filename.startswith(stdlib) and not filename.startswith(site)
+
+
+def _status() -> dict:
+    from .commlog import active_log
+
+    out = dict(_STATE)
+    log = active_log()
+    if log is not None:
+        out.update(log.status())
+    if out["phase"] == "running" or out["phase"] == "starting the process group":
+        out.update(_where_now())
+    return out
+
+
+def _listen(conn, jobs, send, parent_pid: int):
+    """The worker's lifeline and its answering thread (runs beside the job).
+
+    * End this process at once when the parent's end of the pipe closes: the kernel died (even
+      if it is now an unreaped zombie) or the launcher dropped this worker. A 1 s check of the
+      parent's state covers a pipe end inherited by some other process of the kernel.
+    * Answer the launcher's ``status`` question while the main thread is busy or stuck.
+    * Hand jobs to the main thread.
+    """
+    while True:
+        try:
+            if not conn.poll(1.0):
+                if process_ended(parent_pid):
+                    os._exit(3)
+                continue
+            msg = conn.recv()
+        except (EOFError, OSError):
             os._exit(3)
+        if msg[0] == "status":
+            try:  # never let a diagnosis end the lifeline
+                send(("status", msg[1], _status()))
+            except OSError:
+                os._exit(3)
+            except Exception as exc:
+                send(("status", msg[1], {"phase": _STATE["phase"], "error": repr(exc)}))
+        else:
+            jobs.put(msg)
+
+
+def process_group_backend(backend: str) -> str:
+    """What ``init_process_group`` gets: on GPUs NCCL for CUDA tensors and gloo beside it for CPU
+    tensors, so that a demo written with CPU tensors runs there too instead of failing with "No
+    backend type associated with device type cpu"; on CPU, gloo."""
+    return "cpu:gloo,cuda:nccl" if backend == "nccl" else backend
 
 
 def _run_job(send, rank, job_id, payload, opts, store):
+    """Run one job; True when this process may serve the next one."""
     import cloudpickle
     import torch.distributed as dist
 
     from .commlog import CommLog
 
-    fn, args, kwargs = cloudpickle.loads(payload)
+    _STATE.update(phase="unpickling", job=job_id)
+    try:
+        fn, args, kwargs = cloudpickle.loads(payload)
+    except BaseException as exc:  # nothing started yet: report it and stay reusable
+        send(("error", job_id, f"{type(exc).__name__}: {exc} (while unpickling the function or its arguments)",
+              traceback.format_exc(), "unpickle"))
+        return True
     old_out, old_err = sys.stdout, sys.stderr
     sys.stdout = _Forward(send, job_id, "stdout")
     sys.stderr = _Forward(send, job_id, "stderr")
-    log = CommLog(record_comm=opts["record"])
+    profile_dir = opts.get("profile_dir")
+    log = CommLog(record_comm=opts["record"], profiling=bool(profile_dir))
     # gloo connects a group's pairs when the group is created, or on first use when this is "1";
     # read at each process group's creation (see launcher.lazy_connect)
     os.environ["TORCH_GLOO_LAZY_INIT"] = "1" if opts.get("lazy_connect") else "0"
     try:
+        _STATE["phase"] = "starting the process group"
+        job_store = dist.PrefixStore(f"job{job_id}/", store)
         dist.init_process_group(
-            opts["backend"],
-            store=dist.PrefixStore(f"job{job_id}/", store),
+            process_group_backend(opts["backend"]),
+            store=job_store,
             rank=rank,
             world_size=opts["world_size"],
-            timeout=timedelta(seconds=opts["timeout"]),
+            timeout=timedelta(seconds=opts["collective_timeout"]),
         )
+        # Every rank has its process group before any runs the function. gloo connects the full
+        # mesh in init_process_group, and one side of a pair can be done before the other: without
+        # this a rank with a short job finished and tore its group down (closing its sockets) while
+        # a slower peer was still connecting to it ("connectFullMesh failed ... Connection closed
+        # by peer", 1 launch in 6 of 8 fresh ranks under load). Through the store, not a
+        # collective: the same on gloo and NCCL, and nothing in the communication log.
+        job_store.set(f"started/{rank}", "1")
+        job_store.wait([f"started/{r}" for r in range(opts["world_size"])])
+        _STATE["phase"] = "running"
         log.t0 = time.perf_counter()
         start = time.perf_counter()
         with log:
-            result = fn(*args, **kwargs)
-        meta = {"ops": log.ops, "spans": log.spans, "t_start": start, "t_end": time.perf_counter()}
+            if profile_dir:
+                result, trace = _profiled(fn, args, kwargs, profile_dir, rank)
+            else:
+                result, trace = fn(*args, **kwargs), None
+        meta = {"ops": log.ops, "spans": log.spans, "t_start": start, "t_end": time.perf_counter(), "trace": trace}
         data = pickle.dumps(to_cpu(result), protocol=pickle.HIGHEST_PROTOCOL)
+        _STATE["phase"] = "finished"
         send(("done", job_id, data, meta))
     except BaseException as exc:  # the parent decides what to do; this rank reports
         tb = traceback.format_exc()
-        send(("error", job_id, f"{type(exc).__name__}: {exc}", tb))
+        stage = "init" if _STATE["phase"] == "starting the process group" else "run"
+        _STATE["phase"] = "failed"
+        send(("error", job_id, f"{type(exc).__name__}: {exc}", tb, stage))
         return False
     finally:
         sys.stdout, sys.stderr = old_out, old_err
     try:
+        _STATE["phase"] = "tearing down"
         dist.destroy_process_group()
     except Exception:  # pragma: no cover - a broken group; the parent restarts the pool
         return False
     return True
+
+
+def _profiled(fn, args, kwargs, folder: str, rank: int):
+    """Run the job under ``torch.profiler`` and write this rank's Chrome trace into ``folder``.
+
+    Returns the result and ``(path, wall_us)``: ``wall_us`` is the wall clock at the start of the
+    ``helpers:job`` range, which lets the launcher put every rank's trace on one time axis.
+    """
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if _DEVICE_TYPE == "cuda" else [])
+    prof = profile(activities=activities)
+    with _quiet_stderr_fd():  # the profiler announces its start and stop on the process's stderr
+        prof.start()
+    try:
+        wall_us = time.time_ns() / 1e3
+        with record_function("helpers:job"):
+            result = fn(*args, **kwargs)
+    finally:
+        with _quiet_stderr_fd():
+            prof.stop()
+    path = os.path.join(folder, f"rank{rank}.json")
+    prof.export_chrome_trace(path)
+    return result, (path, wall_us)
+
+
+@contextlib.contextmanager
+def _quiet_stderr_fd():
+    """Send what C++ writes to file descriptor 2 to /dev/null for the duration (a notebook shows it)."""
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    os.close(devnull)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _loopback_interface() -> str | None:
+    """The name of the loopback network interface (``lo`` on Linux, ``lo0`` on macOS)."""
+    import socket
+
+    names = [name for _, name in socket.if_nameindex()]
+    return next((n for n in ("lo", "lo0") if n in names), None)
 
 
 def main(conn, rank: int, device_type: str, parent_pid: int, store_port: int, threads: int):
@@ -136,7 +332,20 @@ def main(conn, rank: int, device_type: str, parent_pid: int, store_port: int, th
     # Ctrl-C / kernel interrupt goes to the whole process group; the parent handles it and ends
     # the workers itself, so a rank never dies half-way through a collective on its own.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
+    lock = threading.Lock()
+
+    def send(msg):
+        with lock:
+            conn.send(msg)
+
+    jobs = queue.SimpleQueue()
+    threading.Thread(target=_listen, args=(conn, jobs, send, parent_pid), daemon=True, name="helpers-lifeline").start()
+    # every socket gloo (and NCCL's bootstrap) opens binds the loopback interface: one machine
+    lo = _loopback_interface()
+    if lo is not None:
+        os.environ["GLOO_SOCKET_IFNAME"] = lo
+        if device_type == "cuda":
+            os.environ.setdefault("NCCL_SOCKET_IFNAME", lo)
     import torch
     import torch.distributed as dist
 
@@ -145,23 +354,17 @@ def main(conn, rank: int, device_type: str, parent_pid: int, store_port: int, th
     else:
         torch.set_num_threads(threads)  # several ranks share the CPU cores
     store = dist.TCPStore("127.0.0.1", store_port, is_master=False, timeout=timedelta(seconds=60))
-    lock = threading.Lock()
-
-    def send(msg):
-        with lock:
-            conn.send(msg)
-
-    send(("ready", os.getpid()))
-    while True:
-        try:
-            msg = conn.recv()
-        except (EOFError, OSError):
-            return
-        if msg[0] == "stop":
-            return
-        _, job_id, payload, opts = msg
-        if not _run_job(send, rank, job_id, payload, opts, store):
-            # a failed job can leave a collective half-done: this process is not reused
-            conn.close()
-            return
-        send(("idle", job_id))  # torn down and listening: the parent may send the next job
+    _STATE["phase"] = "idle"
+    try:
+        send(("ready", os.getpid()))
+        while True:
+            msg = jobs.get()
+            _, job_id, payload, opts = msg
+            if not _run_job(send, rank, job_id, payload, opts, store):
+                # a failed job can leave a collective half-done: this process is not reused
+                _STATE["phase"] = "failed"
+                return
+            _STATE.update(phase="idle", job=None)
+            send(("idle", job_id))  # torn down and listening: the parent may send the next job
+    except OSError:  # the parent closed the pipe while we wrote to it: it is ending this worker
+        os._exit(3)

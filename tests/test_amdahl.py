@@ -98,7 +98,7 @@ def test_embedding_job_amdahl_vs_dag():
         (lambda: amdahl.fit_amdahl([1, 1], [1, 1]), "N > 1"),
         (lambda: amdahl.fit_amdahl([2, 4], [1.5]), "equal length"),
         (lambda: amdahl.granular_time(0, 1.0, 1.0, 2), "n_tasks must be an integer >= 1"),
-        (lambda: amdahl.granular_time(10, -1.0, 1.0, 2), "durations must be >= 0"),
+        (lambda: amdahl.granular_time(10, -1.0, 1.0, 2), "durations task_s and serial_s must be finite and >= 0"),
         (lambda: amdahl.granular_time(10, 1.0, 1.0, 0), "n must be an integer >= 1"),
     ],
 )

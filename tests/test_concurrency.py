@@ -105,14 +105,14 @@ def test_loop_and_batch_agree():
 
 @pytest.mark.parametrize("call, match", [
     (lambda: C.model_calls([]), "at least one call"),
-    (lambda: C.model_calls([0.1, -0.2]), "delays must be >= 0"),
-    (lambda: C.model_calls([0.1], limit=0), "limit must be None"),
+    (lambda: C.model_calls([0.1, -0.2]), r"the delay \(seconds\) of call 'call1' must be a finite number >= 0"),
+    (lambda: C.model_calls([0.1], limit=0), r"limit \(None for no limit\) must be an integer >= 1"),
     (lambda: C.run_on("fibers", C.count_mod7, [1]), "kind must be one of"),
     (lambda: C.run_on("threads", C.count_mod7, [1], workers=0), "workers must be an integer >= 1"),
     (lambda: C.count_mod7(-1), "n must be an integer >= 0"),
     (lambda: C.sha_rounds(-1), "rounds must be"),
     (lambda: C.measure(print, repeats=0), "repeats must be"),
-    (lambda: C.calibrate(C.count_mod7, 0), "target_s must be > 0"),
+    (lambda: C.calibrate(C.count_mod7, 0), "target_s must be a finite number > 0"),
 ])
 def test_bad_input(call, match):
     with pytest.raises(ValueError, match=match):
@@ -120,5 +120,5 @@ def test_bad_input(call, match):
 
 
 def test_bad_input_to_run_calls():
-    with pytest.raises(ValueError, match="limit must be None"):
+    with pytest.raises(ValueError, match=r"limit \(None for no limit\) must be an integer >= 1"):
         C.run_coro(C.run_calls([0.1], limit=1.5))

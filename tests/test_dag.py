@@ -99,6 +99,15 @@ def test_critical_priority_beats_graph_order_when_it_matters():
     assert D.list_schedule(g, 2, "critical").makespan == 4
 
 
+
+def test_tasks_that_end_together_are_all_released_before_anyone_picks():
+    # a and b end together at t = 1; b's successors come first in the graph's order, so the two free
+    # workers take y1 and y2, and x waits (a worker picking as soon as a alone is released takes x)
+    g = D.DAG({"a": 1, "b": 1, "y1": 5, "y2": 5, "x": 10}, [("a", "x"), ("b", "y1"), ("b", "y2")])
+    s = D.list_schedule(g, 2)
+    assert (s.slot("y1").start, s.slot("y2").start, s.slot("x").start, s.makespan) == (1, 1, 6, 16)
+
+
 # ---- bad input -----------------------------------------------------------------------------------
 
 def test_cycle_is_rejected_and_named():
@@ -109,9 +118,9 @@ def test_cycle_is_rejected_and_named():
 
 
 @pytest.mark.parametrize("durations, edges, match", [
-    ({"a": -1}, [], "durations must be >= 0: task 'a' has duration -1"),
-    ({"a": float("nan")}, [], "finite real number"),
-    ({"a": "2"}, [], "finite real number"),
+    ({"a": -1}, [], "the duration of task 'a' must be a finite number >= 0, got -1"),
+    ({"a": float("nan")}, [], "duration of task 'a' must be a finite number >= 0"),
+    ({"a": "2"}, [], "duration of task 'a' must be a number"),
     ({}, [], "non-empty dict"),
     ({"a": 1}, [("a", "b")], "names task 'b', which has no duration"),
     ({"a": 1, "b": 1}, [("a",)], "must be a pair"),
@@ -124,7 +133,7 @@ def test_bad_graphs(durations, edges, match):
 def test_bad_scheduler_input():
     g = D.embedding_job()
     for bad in (0, -2, 2.5, True, "8"):
-        with pytest.raises(ValueError, match="workers must be an integer N >= 1"):
+        with pytest.raises(ValueError, match="the number of workers N must be an integer >= 1"):
             D.list_schedule(g, bad)
     with pytest.raises(ValueError, match="priority must be one of"):
         D.list_schedule(g, 2, "random")
@@ -132,9 +141,9 @@ def test_bad_scheduler_input():
         D.list_schedule({"a": 1}, 2)
     with pytest.raises(ValueError, match="n_chunks must be an integer >= 1"):
         D.embedding_job(0)
-    with pytest.raises(ValueError, match="durations must be >= 0"):
+    with pytest.raises(ValueError, match=r"the duration of task .embed\[0\]. must be a finite number >= 0"):
         D.embedding_job(embed_s=-2)
-    with pytest.raises(ValueError, match="seconds must be >= 0"):
+    with pytest.raises(ValueError, match="seconds must be a finite number >= 0"):
         D.burn(-1)
     with pytest.raises(ValueError, match="span is 0"):
         D.DAG({"a": 0}).parallelism()

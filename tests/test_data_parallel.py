@@ -16,6 +16,21 @@ def test_equal_shards_average_exactly_unequal_only_when_weighted():
     assert np.allclose(dp.weighted_shard_grads(X, y, w, uneven), full)
 
 
+def test_mse_grad_equals_autograd_and_finite_differences():
+    # an independent reference: every other check of P.6 has mse_grad on both sides
+    import torch
+
+    rng = np.random.default_rng(3)
+    X, y, w = rng.normal(size=(40, 6)), rng.normal(size=40), rng.normal(size=6)
+    g = dp.mse_grad(X, y, w)
+    w_t = torch.tensor(w, requires_grad=True)
+    (0.5 * ((torch.from_numpy(X) @ w_t - torch.from_numpy(y)) ** 2).mean()).backward()
+    assert np.allclose(g, w_t.grad.numpy(), rtol=1e-12, atol=1e-14)
+    loss = lambda v: 0.5 * np.mean((X @ v - y) ** 2)
+    finite = [(loss(w + 1e-6 * e) - loss(w - 1e-6 * e)) / 2e-6 for e in np.eye(6)]
+    assert np.allclose(g, finite, rtol=0, atol=1e-7)
+
+
 def test_effective_batch():
     assert dp.effective_batch(4, 8, 2) == 64
 

@@ -43,7 +43,7 @@ def test_allreduce_bytes_and_min_tokens():
     [
         (lambda: M.bytes_per_param("int4"), "unknown precision"),
         (lambda: M.bytes_per_param(optimizer="lion"), "unknown optimizer"),
-        (lambda: M.per_device_bytes(-1), "n_params must be positive"),
+        (lambda: M.per_device_bytes(-1), "n_params must be a finite number > 0"),
         (lambda: M.per_device_bytes(1e9, 0), "world_size must be an integer >= 1"),
         (lambda: M.per_device_bytes(1e9, 8, zero_stage=4), "zero_stage must be 0, 1, 2 or 3"),
         (lambda: M.max_params_that_fit(80e9, reserve_bytes=90e9), "device_bytes > reserve_bytes"),

@@ -41,7 +41,7 @@ def test_the_books_max_model_examples():
     "call, match",
     [
         (lambda: M.smallest_stage_that_fits(1e9, 80e9, 0), "world_size must be an integer >= 1"),
-        (lambda: M.smallest_stage_that_fits(-1, 80e9, 8), "n_params must be positive"),
+        (lambda: M.smallest_stage_that_fits(-1, 80e9, 8), "n_params must be a finite number > 0"),
         (lambda: M.smallest_stage_that_fits(1e9, 80e9, 8, reserve_bytes=80e9), "device_bytes > reserve_bytes"),
         (lambda: M.min_world_size_to_fit(1e9, 80e9, 4), "zero_stage must be 0, 1, 2 or 3"),
         (lambda: M.min_world_size_to_fit(1e9, 0, 3), "device_bytes > reserve_bytes"),

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from helpers.launcher import launch
-from helpers.mesh import Mesh, device_mesh_worker, draw, hand_groups_worker, node_of, placement
+from helpers.mesh import Mesh, device_mesh_worker, draw, hand_groups_worker, node_of, placement, stage_hops
 
 
 def test_p11_formula_and_groups():
@@ -36,6 +36,20 @@ def test_placement_over_servers():
     assert node_of(13, 4) == 3
     with pytest.raises(ValueError, match="do not fill servers"):
         placement(Mesh.of(dp=3, tp=2), 4)
+
+
+def test_stage_hops_say_which_hand_offs_cross_servers():
+    # 12.2.2: a stage per server (TP innermost): every hand-off crosses; a pipeline per server: none does
+    aligned = stage_hops(Mesh.of(pp=8, tp=8), 8)
+    assert len(aligned) == 8 * 7 and all(c for _, _, c in aligned)
+    assert aligned[:2] == [(0, 8, True), (8, 16, True)]
+    assert not any(c for _, _, c in stage_hops(Mesh.of(tp=8, pp=8), 8))
+    # two stages per server: hand-offs 0->1, 2->3, ... stay inside, 1->2, 3->4, ... cross (7 of 15 per pipeline)
+    two = stage_hops(Mesh.of(pp=16, tp=4), 8)
+    assert len(two) == 4 * 15 and sum(c for _, _, c in two) == 4 * 7
+    assert stage_hops(Mesh.of(dp=4, pp=1), 2) == []
+    with pytest.raises(ValueError, match="devices_per_node must be an integer >= 1"):
+        stage_hops(Mesh.of(pp=2), 0)
 
 
 def test_bad_input():

@@ -18,6 +18,8 @@ from helpers import student
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ROOT / "notebooks" / "p_parallel_processing" / "p06_data_parallelism.ipynb"
 ASSIGNMENT = "p06"
+# the exercises of the assignment, by number, read from the notebook's locked check cells
+EXERCISES = [k for k in range(1, 20) if f'"grade_id": "{ASSIGNMENT}-ex{k}-check"' in SOURCE.read_text()]
 
 
 def _nbgrader(course: Path, *args: str) -> subprocess.CompletedProcess:
@@ -64,7 +66,7 @@ def graded(tmp_path_factory):
     _cell(mixed, 2, "answer").source = "answer_2 = 1.0"  # wrong (the right answer is 4 * 20 / 32 = 2.5)
     _submit(course, "mixed", mixed)
     tamper = nbformat.read(course / "release" / ASSIGNMENT / SOURCE.name, as_version=4)
-    for k in (1, 2, 3):
+    for k in EXERCISES:
         _cell(tamper, k, "check").source = "pass  # no check here"  # a locked cell, edited
     _submit(course, "tamperer", tamper)
 
@@ -89,23 +91,24 @@ def test_generate_assignment_releases_what_our_student_build_writes(graded):
 
 
 def test_autograde_gives_full_marks_to_the_instructor_solutions(graded):
-    assert graded["scores"]["complete"] == {f"p06-ex{k}-check": (1.0, 1.0) for k in (1, 2, 3)}
+    assert len(EXERCISES) >= 3 and EXERCISES == list(range(1, len(EXERCISES) + 1))
+    assert graded["scores"]["complete"] == {f"p06-ex{k}-check": (1.0, 1.0) for k in EXERCISES}
 
 
 def test_autograde_gives_zero_to_an_unanswered_copy(graded):
-    assert graded["scores"]["blank"] == {f"p06-ex{k}-check": (0.0, 1.0) for k in (1, 2, 3)}
+    assert graded["scores"]["blank"] == {f"p06-ex{k}-check": (0.0, 1.0) for k in EXERCISES}
 
 
 def test_autograde_scores_each_exercise_on_its_own(graded):
-    assert graded["scores"]["mixed"] == {"p06-ex1-check": (1.0, 1.0), "p06-ex2-check": (0.0, 1.0),
-                                         "p06-ex3-check": (0.0, 1.0)}
+    assert graded["scores"]["mixed"] == {f"p06-ex{k}-check": (1.0 if k == 1 else 0.0, 1.0) for k in EXERCISES}
 
 
 def test_editing_a_locked_check_cell_earns_nothing(graded):
     # autograde restores locked cells from the source before running them
-    assert graded["scores"]["tamperer"] == {f"p06-ex{k}-check": (0.0, 1.0) for k in (1, 2, 3)}
+    assert graded["scores"]["tamperer"] == {f"p06-ex{k}-check": (0.0, 1.0) for k in EXERCISES}
 
 
 def test_feedback_shows_each_student_their_score(graded):
-    assert "Score: 3.0 / 3.0" in graded["feedback"]["complete"]
-    assert "Score: 1.0 / 3.0" in graded["feedback"]["mixed"]
+    n = len(EXERCISES)
+    assert f"Score: {n}.0 / {n}.0" in graded["feedback"]["complete"]
+    assert f"Score: 1.0 / {n}.0" in graded["feedback"]["mixed"]

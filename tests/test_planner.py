@@ -59,6 +59,21 @@ def test_model_counts():
         assert c["embedding, counted"] == c["embedding, Table 2"]
 
 
+def test_the_12_2_2_example_on_its_a100_cluster():
+    m = pl.book_175b()
+    assert sum(m.counted().values()) == 96 * 12 * 12288 ** 2 and m.total_params == 175e9 and m.seq_len == 2048
+    c = pl.a100_cluster(64)
+    assert (c.peak_flops, c.memory_bytes, c.intra_bw, c.inter_bw, c.devices_per_node) == (312e12, 80e9, 300e9, 25e9, 8)
+    # the section's layout (PP8 x DP8, no TP) cannot hold 12 layers' weights + gradients + Adam state (erratum 12.2.2-6)
+    book = pl.assess(m, c, 1024, pl.Layout(dp=8, pp=8, zero=1, micro_batch=4))
+    assert not book.ok and book.m == 32 and "GB per device" in book.reasons[0]
+    assert book.time["bubble"] == pytest.approx(7 / 32 * book.time["compute"])
+    # FSDP over all 64 GPUs fits only with full recomputation, which costs 4/3 of the compute
+    assert not pl.assess(m, c, 1024, pl.Layout(dp=64, zero=3, micro_batch=4)).ok
+    fsdp = pl.assess(m, c, 1024, pl.Layout(dp=64, zero=3, micro_batch=4, recompute="full"))
+    assert fsdp.ok and fsdp.time["compute"] == pytest.approx(4 / 3 * book.time["compute"])
+
+
 def test_rejections_name_the_constraint(h256):
     m = pl.book_70b()
 
@@ -137,9 +152,34 @@ def test_recipes_and_ranking(plan70, h256):
     lay, st = pl.decision_sequence(cs.llama3_model(131072), h256, 16, cs.LLAMA_RULES)
     assert (lay.cp, lay.tp, lay.pp) == (2, 8, 16) and st[1]["answer"] is True and st[-1]["answer"] is False
     text = pl.format_steps(st)
-    assert text.count("\n") == len(st) - 1 and "6. Long sequence" in text
+    starts = [line for line in text.splitlines() if not line.startswith("      ")]  # one line opens each step
+    assert len(starts) == len(st) and all(line.startswith("  " + s["question"]) for line, s in zip(starts, st))
+    assert all(len(line) <= pl.WIDTH for line in text.splitlines())
+    flat = " ".join(text.split())
+    assert all(" ".join(s["detail"].split()) in flat for s in st)  # wrapped, never cut
     rep = pl.report(plan70, 3)
     assert rep.splitlines()[0].startswith("layout") and "rejected: {" in rep and "Step " in rep
+
+
+def test_wrap_breaks_at_spaces_within_the_width():
+    text = "  " + " ".join(f"all-reduce{i} of {i}.5 GB" for i in range(30))
+    out = pl.wrap(text, 4, width=60)
+    lines = out.splitlines()
+    assert len(lines) > 1 and all(len(line) <= 60 for line in lines)
+    assert lines[0].startswith("  all-reduce0") and all(line.startswith("      ") for line in lines[1:])
+    assert out.split() == text.split()  # every word kept whole, hyphenated ones too
+    assert pl.wrap("short") == "short"
+    assert pl.wrap("x" * 130) == "x" * 130  # a word longer than a line stays whole
+    for sentence in pl.explain(pl.plan(pl.book_70b(), pl.h100_cluster(256), 2048).best, pl.book_70b(),
+                               pl.h100_cluster(256)):
+        assert all(len(line) <= pl.WIDTH for line in sentence.splitlines())
+
+
+def test_rule_of_thumb_turns_to_zero_3_when_the_batch_cannot_fill_the_pipeline(h256):
+    m405 = pl.Model("405B", layers=80, hidden=20480, heads=160, kv_heads=8, ffn=81920, seq_len=4096, n_params=405e9)
+    assert pl.rule_of_thumb(m405, h256, 128)[0] == pl.Layout(dp=4, tp=8, pp=8, zero=1)  # m = 32 = 4p: keep PP
+    lay, steps = pl.rule_of_thumb(m405, h256, 64)  # m = 16 < 4p = 32
+    assert lay == pl.Layout(dp=32, tp=8, zero=3) and "m = 16 < 4p = 32" in steps[-1]["question"]
 
 
 def test_llama_readback_picks_the_published_degrees():

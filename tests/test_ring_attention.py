@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import costs
 from helpers import ring_attention as ra
 from helpers.launcher import RankError, launch
 
@@ -76,8 +77,25 @@ def test_cost_models_reproduce_the_worked_examples():
     assert ra.attention_flops(16_384, 131_072, 64, 128) == 4 * 16_384 * 131_072 * 8192
     with pytest.raises(ValueError, match="p=3 to divide n_heads=64"):
         ra.ulysses_bytes_per_rank(131_072, 3, 64, 128)
-    with pytest.raises(ValueError, match="n must be a number >= 0"):
+    with pytest.raises(ValueError, match="n must be a finite number >= 0"):
         ra.score_matrix_bytes(-1)
+
+
+def test_ring_step_times_break_even_where_costs_says():
+    # per step: 4 n^2 H d FLOPs (half if causal) against 2 n H_kv d x 2 bytes; equal at costs.ring_overlap_tokens
+    F, B, p = 1e15, 5e11, 8
+    for g, causal in [(1, False), (1, True), (8, True)]:
+        n = costs.ring_overlap_tokens(F, B, g, causal)
+        at = ra.ring_step_times(int(round(p * n)), p, 64, 128, F, B, kv_heads=64 // g, causal=causal)
+        assert at["compute_s"] == pytest.approx(at["transfer_s"], rel=1e-3)
+        twice = ra.ring_step_times(int(round(2 * p * n)), p, 64, 128, F, B, kv_heads=64 // g, causal=causal)
+        assert twice["compute_s"] == pytest.approx(2 * twice["transfer_s"], rel=1e-3) and twice["hidden"]
+    one = ra.ring_step_times(8 * 1024, 8, 2, 4, 1e12, 1e9)  # n = 1024: 4 n^2 x 8 FLOPs, 2 n x 8 x 2 bytes
+    assert one == {"compute_s": 4 * 1024 ** 2 * 8 / 1e12, "transfer_s": 2 * 1024 * 8 * 2 / 1e9, "hidden": True}
+    with pytest.raises(ValueError, match="a ring needs p >= 2"):
+        ra.ring_step_times(1024, 1, 8, 64, 1e12, 1e9)
+    with pytest.raises(ValueError, match="kv_heads=3 must divide n_heads=8"):
+        ra.ring_step_times(1024, 4, 8, 64, 1e12, 1e9, kv_heads=3)
 
 
 def test_tolerances_follow_the_dtype():
@@ -105,7 +123,7 @@ def test_block_kernel_merged_over_a_simulated_ring_equals_attention(scheme):
         lse = torch.full((heads, s // p), -math.inf, dtype=q.dtype)
         for j in range(p):  # rank r sees blocks r, r-1, ... as on the ring
             src = (r - j) % p
-            plan = ra._plan(parts[r], parts[src], True, None, 4)
+            plan = ra.tile_plan(parts[r], parts[src], True, None, 4)
             if plan:
                 bo, bl, nt = ra.block_forward(q[:, ir], k[:, parts[src]], v[:, parts[src]], plan, scale)
                 ra.merge_into(out, lse, bo, bl)
@@ -116,7 +134,7 @@ def test_block_kernel_merged_over_a_simulated_ring_equals_attention(scheme):
         delta = (dout[:, ir] * out).sum(-1)
         dq = torch.zeros(heads, s // p, d, dtype=q.dtype)
         for src in range(p):
-            plan = ra._plan(parts[r], parts[src], True, None, 4)
+            plan = ra.tile_plan(parts[r], parts[src], True, None, 4)
             if plan:
                 bq, bk, bv, _ = ra.block_backward(q[:, ir], k[:, parts[src]], v[:, parts[src]], dout[:, ir], lse, delta, plan, scale)
                 dq += bq
@@ -246,6 +264,37 @@ def test_causal_balance_worker_reports_per_step_work():
         got = ra.assemble([{"idx": r[scheme]["idx"], "out": r[scheme]["out"]} for r in run.results], "out", 128)
         assert torch.allclose(got.double(), ref, rtol=1e-5, atol=1e-5)
         assert all(len(r[scheme]["cpu_s"]) == 4 and min(r[scheme]["cpu_s"]) >= 0 for r in run.results)
+
+
+def test_cp_ring_and_tp_all_reduce_run_on_their_own_groups():
+    s, heads, d = 32, 4, 8
+    run = launch(ra.cp_tp_worker, s, heads, d, cp=2, tp=2, world_size=4, quiet=True)
+    q, k, v, _ = ra.make_inputs(s, heads, d, 0, torch.float64)
+    y = ra.reference_attention(q, k, v, causal=True)[0].permute(1, 0, 2).reshape(s, heads * d) @ ra.output_projection(heads, d)
+    for r, res in enumerate(run.results):
+        assert res["coord"] == {"cp": r // 2, "tp": r % 2}
+        assert res["groups"] == {"cp": [r % 2, r % 2 + 2], "tp": [r - r % 2, r - r % 2 + 1]}
+        assert torch.allclose(res["y"], y[torch.as_tensor(res["idx"])], rtol=1e-12, atol=1e-12)
+        ring = [o for o in run.comm[r] if o.op in ("send", "recv")]
+        ar = [o for o in run.comm[r] if o.op == "all_reduce"]
+        assert len(ring) == 2 and len(ar) == 1  # CP ring of 2: one step; one row-parallel sum
+        assert all(o.group_ranks == tuple(res["groups"]["cp"]) for o in ring)
+        assert ar[0].group_ranks == tuple(res["groups"]["tp"])
+
+
+def test_overlap_on_and_off_compute_the_same_bits():
+    run = launch(ra.overlap_worker, 48, 2, 8, repeats=1, world_size=3, quiet=True, record=False)
+    q, k, v, _ = ra.make_inputs(48, 2, 8, 0, torch.float32)
+    ref = ra.reference_attention(q, k, v)[0]
+    for res in run.results:
+        assert torch.equal(res["off"]["out"], res["on"]["out"])
+        assert len(res["off"]["compute_s"]) == 3 and len(res["off"]["wait_s"]) == 2
+        assert res["off"]["total_s"] > 0 and res["on"]["total_s"] > 0
+    got = ra.assemble([r["on"] for r in run.results], "out", 48)
+    assert torch.allclose(got.double(), ref, rtol=1e-5, atol=1e-5)
+    # only the overlapped run waits after computing ("wait" spans); both compute every step
+    for spans in run.spans:
+        assert [s.name for s in spans].count("wait") == 2 and [s.name for s in spans].count("attend") == 6
 
 
 def test_without_padding_the_ranks_refuse_a_length_that_does_not_divide():

@@ -93,10 +93,10 @@ def test_phase_timer_accumulates():
     [
         (lambda: sc.analyze({}), "at least one"),
         (lambda: sc.analyze({2: 5.0}), "no baseline"),
-        (lambda: sc.analyze({1: 0.0}), "finite and > 0"),
+        (lambda: sc.analyze({1: 0.0}), r"the time T\(1\) must be a finite number > 0"),
         (lambda: sc.analyze({0: 1.0}), "worker count must be an integer >= 1"),
         (lambda: sc.analyze({1: 1.0}, mode="medium"), "mode must be one of"),
-        (lambda: sc.analyze({1: 1.0}, baseline=-1.0), "baseline must be a time > 0"),
+        (lambda: sc.analyze({1: 1.0}, baseline=-1.0), r"baseline \(the one-worker time\) must be a finite number > 0"),
         (lambda: sc.run_protocol(_fake(0.5), repeats=0), "repeats must be an integer >= 1"),
         (lambda: sc.run_protocol(_fake(0.5), warmup=-1), "warmup must be an integer >= 0"),
         (lambda: sc.run_protocol(_fake(0.5), workers=(1, 1)), "distinct"),
@@ -107,7 +107,7 @@ def test_phase_timer_accumulates():
         (lambda: sc.Trial({"a": 1.0}, (1.0, 1.0), None, (1.0,)), "one entry per worker"),
         (lambda: sc.Setting(1, [sc.Trial({"a": 1.0}, (1.0,))]).cpu_share(), "no per-worker CPU times"),
         (lambda: sc.task_sizes("strong", 0, 4, 10), "workers must be an integer >= 1"),
-        (lambda: sc.karp_flatt_range(100, 56, 2, -1), "half_width must be >= 0"),
+        (lambda: sc.karp_flatt_range(100, 56, 2, -1), "half_width must be a finite number >= 0"),
         (lambda: sc.work_reference(-1), ">= 0"),
     ],
 )

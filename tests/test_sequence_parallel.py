@@ -109,7 +109,7 @@ def test_one_process_needs_no_divisibility_and_bad_sizes_are_rejected():
     assert sp.measure_block_activations(MEM, 10, 1, sequence_parallel=True)["s_local"] == 10
     with pytest.raises(ValueError, match="integer >= 1"):
         sp.activation_bytes_per_layer(8, 1, 8, 2, 0)
-    with pytest.raises(ValueError, match="s must be >= 1"):
+    with pytest.raises(ValueError, match="s must be an integer >= 1"):
         sp.activation_bytes_per_layer(0, 1, 8, 2, 1)
 
 

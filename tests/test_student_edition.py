@@ -8,7 +8,7 @@ import pytest
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
-from helpers import student
+from helpers import nbexec, student
 
 NOTEBOOKS = student.notebook_paths()
 IDS = [p.stem for p in NOTEBOOKS]
@@ -69,7 +69,10 @@ def test_unbalanced_markers_are_rejected():
 
 
 def _execute_until_error(nb, tmp_path):
-    client = NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
+    # nbexec's kernel manager: with nbclient's own, the reply of an `interact` cell (c12_1_1 has one
+    # before its first exercise) was sometimes noticed only at the 300 s timeout on a loaded machine
+    client = NotebookClient(nb, timeout=300, kernel_name="python3", kernel_manager_class=nbexec.KernelManager,
+                            resources={"metadata": {"path": str(tmp_path)}})
     with pytest.raises(CellExecutionError) as info:
         client.execute()
     return info.value

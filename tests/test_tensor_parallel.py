@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from helpers import tensor_parallel as tp
+from helpers import tp_block
 from helpers import tp_numpy as tn
 from helpers.launcher import RankError, launch
 
@@ -99,6 +100,55 @@ def test_megatron_block_on_4_ranks_equals_one_process_and_counts_two_allreduces_
     assert op.model_sent == pytest.approx(tp.allreduce_bytes_per_device(S, B, CFG.h, 4, bytes_per_element=8))
 
 
+def test_megatron_block_on_8_ranks_equals_one_process():
+    # t = 8: a bug that only bites at t = 8 (an index computed mod 4, say) would pass at t = 2 and 4
+    cfg = tp.BlockConfig(h=32, heads=8, ffn=64, p_drop=0.1, seed=5)
+    ref = tp.reference_step(cfg, S, B)
+    run = launch(tp.tp_block_worker, cfg, S, B, world_size=8, quiet=True)
+    payload = S * B * cfg.h * 8
+    for r, res in enumerate(run.results):
+        assert _max_diff(res["out"], ref["out"]) < 1e-12 and _max_diff(res["dx"], ref["dx"]) < 1e-12
+        for name, g in tp.shard_block_params(ref["grads"], r, 8).items():
+            assert g.shape == res["grads"][name].shape and _max_diff(res["grads"][name], g) < 1e-12, (r, name)
+        assert res["forward"] == res["backward"] == [("all_reduce", payload, 8)] * 2
+    # the shards tile the full weights: every column of w_fc1 and row of w_fc2 on exactly one rank
+    fc1 = torch.cat([res["grads"]["w_fc1"] for res in run.results], dim=1)
+    assert _max_diff(fc1, ref["grads"]["w_fc1"]) < 1e-12 and fc1.shape == ref["grads"]["w_fc1"].shape
+
+
+def _numpy_block(x, P, cfg):
+    """The block of tp_block.reference_block without dropout, in numpy, sharing no code with it."""
+    x, P = x.numpy(), {k: v.detach().numpy() for k, v in P.items()}
+    d = cfg.h // cfg.heads
+
+    def ln(z, w, b):
+        return (z - z.mean(-1, keepdims=True)) / np.sqrt(z.var(-1, keepdims=True) + cfg.eps) * w + b
+
+    out = np.empty_like(x)
+    for j in range(x.shape[1]):  # batch elements
+        X = x[:, j]
+        q, k, v = np.split(ln(X, P["ln1_w"], P["ln1_b"]) @ P["w_qkv"] + P["b_qkv"], 3, axis=1)
+        heads = []
+        for i in range(cfg.heads):
+            c = slice(i * d, (i + 1) * d)
+            sc = q[:, c] @ k[:, c].T / np.sqrt(d)
+            e = np.exp(sc - sc.max(1, keepdims=True))
+            heads.append(e / e.sum(1, keepdims=True) @ v[:, c])
+        h1 = X + np.concatenate(heads, axis=1) @ P["w_o"] + P["b_o"]
+        z = ln(h1, P["ln2_w"], P["ln2_b"]) @ P["w_fc1"] + P["b_fc1"]
+        gelu = 0.5 * z * (1 + np.tanh(np.sqrt(2 / np.pi) * (z + 0.044715 * z**3)))
+        out[:, j] = h1 + gelu @ P["w_fc2"] + P["b_fc2"]
+    return out
+
+
+def test_reference_block_equals_an_independent_numpy_block():
+    # every torch block (reference, parallel, parallelize_module) shares attention_core: check it once
+    cfg = tp.BlockConfig(h=32, heads=4, ffn=64, p_drop=0.0)
+    P = tp.make_block_params(cfg)
+    x, _ = tp.block_inputs(cfg, S, B)
+    assert np.allclose(tp_block.reference_block(x, P, cfg).numpy(), _numpy_block(x, P, cfg), rtol=0, atol=1e-12)
+
+
 def _subgroup_worker(cfg, s, b, sequence_parallel):
     """Two TP groups of 2 inside a world of 4 (what a DP x TP layout does): each group is one block."""
     import torch.distributed as dist
@@ -161,7 +211,7 @@ def test_single_process_block_and_torch_block_equal_the_reference(reference):
     assert _max_diff(blk(x), reference["out"]) < 1e-13
     assert _max_diff(tp.TorchBlock(tp.make_block_params(CFG), CFG)(x), reference["out"]) < 1e-13
     W = torch.arange(24.0).reshape(2, 12)
-    assert torch.equal(tp._qkv_from_colwise(tp.qkv_for_colwise(W, 2), 2), W)
+    assert torch.equal(tp_block._qkv_from_colwise(tp.qkv_for_colwise(W, 2), 2), W)
     assert tp.qkv_for_colwise(W, 2)[0, :6].tolist() == [0, 1, 4, 5, 8, 9]  # rank 0: its half of Q, K, V
 
 
@@ -193,10 +243,10 @@ def test_book_numbers_of_the_cost_model():
     (lambda: tp.BlockConfig(h=30, heads=4), r"hidden size h \(30\)"),
     (lambda: tp.BlockConfig(p_drop=1.0), r"p_drop must be in \[0, 1\)"),
     (lambda: tp.column_shard(torch.ones(4, 6), 0, 4), r"output width of a column-parallel layer \(6\)"),
-    (lambda: tp.row_shard(torch.ones(6, 4), 4, 4), r"rank must be in \[0, 4\)"),
+    (lambda: tp.row_shard(torch.ones(6, 4), 4, 4), r"rank must be an integer in \[0, 4\)"),
     (lambda: tp.position_dropout_mask(0, 0, range(2), 1, 1, -0.1), r"p must be in \[0, 1\)"),
     (lambda: tp.layer_forward_flops(8, 1, 8, 32, 2, mlp_matrices=4), "mlp_matrices must be 2"),
-    (lambda: tp.tp_layer_times(8, 1, 8, 32, 2, 0, 1e9), "flops_per_s > 0"),
+    (lambda: tp.tp_layer_times(8, 1, 8, 32, 2, 0, 1e9), "flops_per_s must be a finite number > 0"),
     (lambda: tp.allreduce_bytes_per_device(8, 1, 8, 0), "integer >= 1"),
 ])
 def test_bad_input_is_rejected_with_the_constraint(call, match):

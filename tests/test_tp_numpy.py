@@ -82,7 +82,7 @@ def test_attention_split_by_heads_forward_and_backward():
 
 def test_head_columns_picks_whole_heads():
     assert tn.head_columns(h=12, heads=6, t=3, rank=1) == slice(4, 8)
-    with pytest.raises(ValueError, match="rank must be in"):
+    with pytest.raises(ValueError, match=r"rank must be an integer in \[0, 3\)"):
         tn.head_columns(12, 6, 3, 3)
 
 

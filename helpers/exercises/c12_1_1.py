@@ -1,5 +1,5 @@
 """Exercise checks for 12.1.1 (naive DDP memory)."""
-from . import check_number, check_true, require
+from . import check_number, check_run, check_true, reject
 from ..memory import bytes_per_param, max_params_that_fit, per_device_bytes
 
 
@@ -15,11 +15,14 @@ def ex2(answer_params):
                  rel=1e-2, hint="Divide the memory left for model state by the bytes each parameter costs.")
 
 
-def ex3(result):
-    """A measured fp32 AdamW rank holds what the calculator predicts for precision='fp32'."""
-    require(result, "the dict your worker returned on rank 0 ({'n_params': ..., 'held': ...})")
+def ex3(run):
+    """An FP32 AdamW model trained one step under DDP on 2 ranks holds what the calculator predicts (rank 0)."""
+    check_run(run, 2, ops={"all_reduce": 1}, hint="Wrap the model in DDP, whose backward all-reduces the gradients.")
+    result = run.results[0]
+    if not (isinstance(result, dict) and {"n_params", "held"} <= set(result)):
+        reject("rank 0 must return {'n_params': ..., 'held': memory.measure_model_state(params, optimizer)}")
     n, held = result["n_params"], result["held"]
     model = per_device_bytes(n, 1, 0, precision="fp32", optimizer="adamw")
     check_true(all(held[k] == model[k] for k in ("weights", "gradients", "master", "moments")),
-               what="the measured bytes equal the calculator's fp32 AdamW prediction",
+               what="the bytes measured on rank 0 equal the calculator's fp32 AdamW prediction",
                hint="Train an fp32 model with AdamW for one step (so the moments exist) and measure with measure_model_state.")

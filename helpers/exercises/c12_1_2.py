@@ -1,7 +1,7 @@
 """Exercise checks for 12.1.2 (ZeRO stages 1-3 and FSDP)."""
 import numpy as np
 
-from . import check_choice, check_int, check_number, check_true, require
+from . import check_choice, check_int, check_number, check_run, check_true
 from ..memory import min_world_size_to_fit, per_device_total, smallest_stage_that_fits
 
 # exercise 4: ZeRO-1 by hand with plain SGD on a flat parameter vector
@@ -44,8 +44,8 @@ def ex3(answer_devices):
 
 
 def ex4(run):
-    """A ZeRO-1 SGD worker: equals data-parallel SGD, and used one reduce-scatter + one all-gather per step."""
-    require(run, "the Run that launch() returned for your worker")
+    """A ZeRO-1 SGD worker on 4 ranks: equals data-parallel SGD, with one reduce-scatter + one all-gather per step."""
+    check_run(run, 4)
     world, steps = run.world_size, EX4["steps"]
     ref = ex4_reference(world)
     results = [np.asarray(r, dtype=float).reshape(-1) for r in run.results]

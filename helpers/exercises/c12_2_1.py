@@ -1,7 +1,7 @@
 """Exercise checks for 12.2.1 (Megatron-style tensor parallelism)."""
 import numpy as np
 
-from . import check_int, check_number, check_true, require
+from . import check_int, check_number, check_run, check_true, op_bytes, reject
 from .. import tp_numpy as tn
 from ..tensor_parallel import allreduce_bytes_per_device
 
@@ -21,12 +21,17 @@ def ex2(answer):
               hint="Both the head count and the FFN width must divide by t (tp.check_tp_shapes says which fails).")
 
 
-def ex3(Z, P):
-    """A TP MLP from ColumnParallelLinear / RowParallelLinear on the ranks equals the numpy MLP."""
-    require(Z, "the Z your worker returned on rank 0 (an array)")
-    Z = np.asarray(Z)
+def ex3(run, P):
+    """A TP MLP from ColumnParallelLinear / RowParallelLinear on 2 ranks equals the numpy MLP on every rank."""
+    s, h = P["X"].shape
+    check_run(run, 2, ops={"all_reduce": 1},
+              hint="RowParallelLinear all-reduces its partial outputs; a whole MLP on each rank needs no communication.")
+    for r in range(2):
+        if op_bytes(run, "all_reduce", r) != [s * h * 8]:
+            reject(f"rank {r} all-reduced {op_bytes(run, 'all_reduce', r)} bytes; the forward of a column-then-row "
+                   "MLP all-reduces once, the (s, h) output")
     ref = tn.mlp(P["X"], P["A"], P["B"])
-    check_true(Z.shape == ref.shape and np.allclose(Z, ref, rtol=1e-12, atol=1e-12),
-               what="your tensor-parallel MLP equals GeLU(X A) B",
+    ok = all(np.shape(Z) == ref.shape and np.allclose(np.asarray(Z), ref, rtol=1e-12, atol=1e-12) for Z in run.results)
+    check_true(ok, what="your tensor-parallel MLP on 2 ranks equals GeLU(X A) B on every rank",
                hint="ColumnParallelLinear.from_full(A), GeLU (tanh form), RowParallelLinear.from_full(B); "
                     "the row layer's all-reduce makes the output whole on every rank.")

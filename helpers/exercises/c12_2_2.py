@@ -1,8 +1,8 @@
 """Exercise checks for 12.2.2 (pipeline parallelism and bubble reduction)."""
 import numpy as np
 
-from . import check_int, check_number, check_true, require
-from ..pipeline_parallel import max_grad_diff, reference_grads
+from . import check_int, check_number, check_pipeline_order, check_run, check_true, reject, require
+from ..pipeline_parallel import gather_grads, max_grad_diff, reference_grads
 from ..pipeline_schedule import bubble_formula, simulate
 
 
@@ -40,10 +40,15 @@ def ex3(weight_grad_fn):
                hint="The result has the weight's shape (out, in); it is a product of dy and x, one of them transposed.")
 
 
-def ex4(grads):
-    """Gradients gathered from a zero-bubble schedule run on the ranks equal the single-process ones."""
-    require(grads, "the merged {layer: (dW, db)} dict of your run (ppl.gather_grads(run.results))")
+def ex4(run):
+    """The hand ZB-H1 schedule (pipeline_step_worker) on 4 ranks with m = 16: every rank's F/B/W order is the
+    schedule simulator's, and the gradients of all ranks together equal the single-process ones."""
+    check_run(run, 4, ops={"send": 1, "recv": 1}, hint="launch(ppl.pipeline_step_worker, 'zb-h1', 16, world_size=4).")
+    check_pipeline_order(run, "zb-h1", 16)
+    if not all(isinstance(r, dict) and "grads" in r for r in run.results):
+        reject("every rank must return its {'grads': {layer: (dW, db)}} as pipeline_step_worker does")
+    grads = gather_grads(run.results)
     ref, _ = reference_grads()
-    check_true(isinstance(grads, dict) and sorted(grads) == sorted(ref) and max_grad_diff(grads, ref) < 1e-12,
-               what="every layer's gradient from the zero-bubble run equals the single-process gradient",
-               hint="Use the default model and batch, and gather the gradients of all ranks.")
+    check_true(sorted(grads) == sorted(ref) and max_grad_diff(grads, ref) < 1e-12,
+               what="a zero-bubble run on 4 ranks whose gradients equal the single-process gradients",
+               hint="Use the default model and batch.")

@@ -1,6 +1,6 @@
 """Exercise checks for 12.3.1 (sequence parallelism)."""
-from . import check_int, check_number, require
-from ..sequence_parallel import activation_bytes_per_layer
+from . import check_int, check_number, check_run, reject, require
+from ..costs import activation_bytes_per_layer
 
 
 def ex1(answer):
@@ -16,10 +16,47 @@ def ex2(answer):
                  hint="With sequence parallelism every one of the 34 sbh terms is divided by t.")
 
 
-def ex3(answer, s, b, h, a, t):
-    """Activation bytes measured on rank 0 of an SP run on t ranks equal the TP+SP formula."""
-    require(answer, "the activation bytes measured on rank 0 (an integer)")
-    check_int(answer, int(activation_bytes_per_layer(s, b, h, a, t, sequence_parallel=True)),
-              what="the measured activation bytes of rank 0 under TP + SP",
-              hint="Launch sp.activation_memory_worker with sequence_parallel=True on t ranks and take "
-                   "results[0]['activations'] (LayerNorm statistics excluded).")
+def ex3(run, s, b, h, a):
+    """Activation bytes measured on rank 0 of a TP + SP run on 2 ranks equal the TP+SP formula."""
+    check_run(run, 2, ops={"all_gather": 1, "reduce_scatter": 1}, absent=("all_reduce",),
+              hint="Sequence parallelism replaces TP's all-reduces by all-gathers and reduce-scatters: "
+                   "pass sequence_parallel=True to sp.activation_memory_worker.")
+    res = run.results[0]
+    if not (isinstance(res, dict) and "activations" in res):
+        reject("rank 0 must return sp.activation_memory_worker's dict (with 'activations')")
+    check_int(int(res["activations"]), int(activation_bytes_per_layer(s, b, h, a, 2, sequence_parallel=True)),
+              what="the measured activation bytes of rank 0 under TP + SP on 2 ranks",
+              hint="Read results[0]['activations'] (LayerNorm statistics excluded).")
+
+
+def ex4(block_class):
+    """A TorchBlock subclass that recomputes only the attention core (selective recomputation),
+    checked from what it keeps for backward, what its backward recomputes and its gradients."""
+    require(block_class, "your subclass of tp.TorchBlock (the class itself)")
+    import torch
+
+    from .. import costs, recompute
+    from ..tp_block import BlockConfig, TorchBlock, make_block_params
+    from . import check_true
+
+    if not (isinstance(block_class, type) and issubclass(block_class, TorchBlock)):
+        raise AssertionError(f"expected a subclass of tp.TorchBlock (the class, not an instance), got {block_class!r}")
+    cfg, s, b = BlockConfig(h=32, heads=4, ffn=128, p_drop=0.1), 16, 2
+    got = recompute.measure_block(block_class(make_block_params(cfg, 0, torch.bfloat16), cfg), s, b)
+    ref = recompute.measure(cfg, s, b, "none")
+    kept = {p: costs.recompute_kept_bytes(p, s, b, cfg.h, cfg.heads) for p in recompute.POLICIES}
+    if got["activations"] == kept["none"]:
+        raise AssertionError("not yet: your block keeps the attention scores, so nothing is recomputed. "
+                             "Run the parent's attention inside torch.utils.checkpoint.checkpoint.")
+    if got["activations"] == kept["full"]:
+        raise AssertionError("not yet: your block keeps only its input, which is full recomputation. "
+                             "Checkpoint only the attention core: override attention, not forward.")
+    check_true(got["activations"] == kept["selective"],
+               what="the block keeps Korthikanti et al.'s 34 sbh bytes: everything but the attention core's",
+               hint="Wrap exactly the parent's attention(qkv) call, nothing before or after it.")
+    extra = got["forward_flops"] + got["backward_flops"] - ref["forward_flops"] - ref["backward_flops"]
+    core = costs.recompute_forward_flops("selective", s * b, cfg.h, cfg.ffn, s)
+    check_true(extra in (core // 2, core), what="its backward recomputes the attention core's products and nothing else",
+               hint="Only Q K^T (and x V) should run a second time; the projections must not.")
+    check_true(recompute.max_grad_difference(got, ref) == 0, what="its gradients equal the block's without checkpoint",
+               hint="Keep checkpoint's default preserve_rng_state=True and return the core's output unchanged.")

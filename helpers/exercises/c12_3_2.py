@@ -1,8 +1,10 @@
 """Exercise checks for 12.3.2 (context parallelism and ring attention)."""
+import functools
+
 import numpy as np
 
 from . import check_number
-from .p10 import attention_on_ranks_equals_reference
+from .p10 import attention_run_equals_reference
 from .. import attention_numpy as an
 from .. import ring_attention as ra
 
@@ -23,15 +25,22 @@ def ex2(answer):
                  hint="Rescale each block's l and o by exp(m_block - m) with m the larger max, add, divide o by l.")
 
 
+@functools.lru_cache(maxsize=None)
+def _last_over_first() -> float:
+    pairs = ra.work_table(8192, 8, "contiguous")["pairs"].sum(1)
+    return float(pairs[-1] / pairs[0])
+
+
 def ex3(answer):
     """Causal, contiguous partition, s=8192 over p=8: last rank's unmasked pairs / first rank's."""
-    pairs = ra.work_table(8192, 8, "contiguous")["pairs"].sum(1)
-    check_number(answer, pairs[-1] / pairs[0], what="the ratio of the last rank's work to the first rank's",
+    check_number(answer, _last_over_first(), what="the ratio of the last rank's work to the first rank's",
                  hint="Rank 0 scores a triangle of its own block; rank p-1 scores p-1 full blocks plus that triangle.")
 
 
-def ex4(results, s, heads, d, causal=True):
-    """Causal zigzag ring attention launched on the ranks equals one-process attention."""
-    attention_on_ranks_equals_reference(
-        results, s, heads, d, causal=causal, what="your ring attention output equals one-process causal attention",
-        hint="Use ra.make_inputs(s, heads, d, 0, dtype), take the rows of the zigzag partition, causal=True.")
+def ex4(run, s, heads, d):
+    """Causal ring attention with the zig-zag partition on 3 ranks equals one-process causal attention."""
+    attention_run_equals_reference(
+        run, s, heads, d, world=3, scheme="zigzag", causal=True, ops={"send": 2, "recv": 2}, absent=("all_gather",),
+        kv_op="send", what="causal zig-zag ring attention on 3 ranks equals one-process causal attention",
+        hint="Each rank takes its rows of the zig-zag partition and calls ra.ring_attention(..., scheme='zigzag', "
+             "causal=True), which passes K and V round the ring.")

@@ -1,9 +1,7 @@
 """Exercise checks for P.1 (work and span)."""
-import math
-
 import numpy as np
 
-from . import check_number, check_true, require
+from . import check_number, check_run, check_true, reject
 from ..dag import DAG, embedding_job, embedding_reference, list_schedule
 
 
@@ -30,18 +28,27 @@ def ex2(answer):
                  hint="Each shard needs the merge, the combine needs every shard; build the DAG and schedule it.")
 
 
-def ex3(results):
-    """``results`` = run.results of a 3-rank launch; each rank returns (index or None, chunks it embedded)."""
-    require(results, "run.results of your 3-rank launch")
-    check_true(isinstance(results, (list, tuple)) and len(results) == 3
-               and all(isinstance(r, (list, tuple)) and len(r) == 2 for r in results),
-               what="run.results has 3 entries, each a pair (index or None, number of chunks embedded)",
-               hint="Launch with world_size=3 and return a pair from every rank.")
-    counts = [int(r[1]) for r in results]
-    check_true(sum(counts) == 100 and max(counts) == math.ceil(100 / 3),
-               what="the ranks embedded all 100 chunks between them, none more than it had to",
-               hint="Split range(100) so that the per-rank counts differ by at most one.")
+def ex3(run):
+    """The embedding job on 3 ranks with a block split: every rank returns (index or None, the chunks it embedded)."""
+    check_run(run, 3, ops={"gather": 1}, hint="Rank 0 collects every rank's vectors with dist.gather_object.")
+    results = run.results
+    if not all(isinstance(r, (list, tuple)) and len(r) == 2 for r in results):
+        reject("every rank must return a pair (index or None, the chunk numbers it embedded)")
+    try:
+        chunks = [sorted(int(c) for c in r[1]) for r in results]
+    except (TypeError, ValueError):
+        reject("the second item of each rank's pair must be the list of chunk numbers it embedded")
+    if sorted(c for cs in chunks for c in cs) != list(range(100)):
+        reject("between them the ranks must embed each of the chunks 0..99 exactly once")
+    for r, cs in enumerate(chunks):
+        if not cs:
+            reject(f"rank {r} embedded no chunks; every rank takes a block")
+        if cs[-1] - cs[0] + 1 != len(cs):
+            reject(f"rank {r}'s chunks are not one contiguous range: the exercise asks for a block split, "
+                   "not a round-robin one", "Give each rank one unbroken range of chunk numbers.")
+    if max(map(len, chunks)) - min(map(len, chunks)) > 1:
+        reject(f"the blocks hold {[len(c) for c in chunks]} chunks; their lengths may differ by at most one")
     idx = results[0][0]
     check_true(idx is not None and np.array_equal(np.asarray(idx), embedding_reference(100)),
-               what="rank 0's index equals the serial job's index",
+               what="a block split on 3 ranks, and rank 0's index equals the serial job's index",
                hint="Gather every rank's {task: vector} dict on rank 0, then call embedding_task for merge and index.")

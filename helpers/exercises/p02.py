@@ -1,5 +1,5 @@
 """Exercise checks for P.2 (concurrency versus parallelism)."""
-from . import check_number, check_true, require
+from . import check_number, check_run, check_true, reject
 from ..concurrency import count_mod7_exact, model_calls
 
 
@@ -18,11 +18,18 @@ def ex2(answer):
                  hint="Count how many waves of calls the limit forces.")
 
 
-def ex3(results, n):
-    """``results`` = run.results of a 3-rank launch that summed count_mod7 over range(n)."""
-    require(results, "run.results of your 3-rank launch")
-    check_true(isinstance(results, (list, tuple)) and len(results) == 3,
-               what="the launch ran on 3 ranks", hint="Pass world_size=3 to launch.")
-    check_true(all(int(r) == count_mod7_exact(n) for r in results),
+def ex3(run, n):
+    """count_mod7 over range(n) on 3 ranks: contiguous slices (the last takes the rest), then all_reduce.
+    Every rank returns (start, stop, total)."""
+    check_run(run, 3, ops={"all_reduce": 1}, hint="Combine the partial counts with dist.all_reduce.")
+    if not all(isinstance(r, (list, tuple)) and len(r) == 3 for r in run.results):
+        reject("every rank must return a triple (start, stop, total): its slice of range(n) and the total")
+    size = n // 3
+    for r, (start, stop, _) in enumerate(run.results):
+        want = (r * size, n if r == 2 else (r + 1) * size)
+        if (int(start), int(stop)) != want:
+            reject(f"rank {r} took range({start}, {stop}); the exercise asks for contiguous slices of n // 3 "
+                   "in rank order, the last rank taking whatever is left over")
+    check_true(all(int(r[2]) == count_mod7_exact(n) for r in run.results),
                what="every rank returns the total of i*i % 7 over range(n)",
-               hint="Give each rank a contiguous part of range(n) (the last takes the remainder), then all_reduce.")
+               hint="Count your own slice, then all_reduce the partial counts (SUM).")

@@ -1,7 +1,7 @@
 """Exercise checks for P.3 (dependency structures and arithmetic intensity)."""
 import numpy as np
 
-from . import check_int, check_number, check_true, require
+from . import check_int, check_number, check_parts, check_run, check_true
 from ..intensity import autoregressive, matmul, ridge
 
 
@@ -19,10 +19,15 @@ def ex2(answer):
               hint="Decode intensity grows with the batch: weights are read once per pass for every sequence in it.")
 
 
-def ex3(C, A, B):
-    """C assembled on the ranks from column blocks of B equals A @ B."""
-    require(C, "the product your ranks assembled (a numpy array)")
-    C = np.asarray(C)
+def ex3(run, A, B):
+    """C = A @ B on 4 ranks from column blocks of B: every rank returns (its block, the gathered product)."""
+    check_run(run, 4, ops={"all_gather": 1}, hint="Gather the blocks with dist.all_gather.")
+    cols = B.shape[1] // 4
+    check_parts(run, [A @ B[:, r * cols:(r + 1) * cols] for r in range(4)],
+                pair="its block of C, the product gathered from all blocks",
+                wrong=f"rank {{r}}'s block is not A times its block of {cols} columns of B",
+                hint="Rank r multiplies all of A by its own block of columns of B.")
+    C = np.asarray(run.results[0][1])
     check_true(C.shape == (A.shape[0], B.shape[1]) and np.allclose(C, A @ B, rtol=1e-10, atol=1e-12),
-               what="your distributed product equals A @ B",
-               hint="Rank r multiplies A by its block of columns of B; gather the blocks and put them side by side.")
+               what="a column split on 4 ranks, and the gathered product equals A @ B",
+               hint="Put the gathered blocks side by side in rank order (torch.cat along dim 1).")

@@ -1,5 +1,5 @@
 """Exercise checks for P.4 (Amdahl's law, Gustafson's scaled speedup, the embedding job)."""
-from . import check_int, check_number, require
+from . import check_int, check_number, check_run, reject, require
 from .. import amdahl
 from ..dag import embedding_job, list_schedule
 
@@ -25,14 +25,21 @@ def ex3(answer):
               hint="Amdahl's answer is one worker too few: tasks are indivisible, so count rounds of 2 s.")
 
 
-def ex4(answer, t1, tn, n):
-    """A Karp-Flatt fraction computed from the student's own measured T(1) and T(N)."""
+def ex4(answer, run_1, run_4):
+    """A Karp-Flatt fraction computed from the job times of amdahl_job_worker runs on 1 and 4 ranks."""
     require(answer, "the Karp-Flatt serial fraction of your measured speedup (a number)")
-    for name, v in (("t1", t1), ("tn", tn)):
-        if not (isinstance(v, (int, float)) and v > 0):
-            raise AssertionError(f"{name} must be a measured job time in seconds (> 0), got {v!r}")
-    if not (isinstance(n, int) and n > 1):
-        raise AssertionError(f"n must be the worker count of the parallel run (an integer > 1), got {n!r}")
-    check_number(answer, amdahl.karp_flatt(t1 / tn, n), rel=1e-6,
-                 what="the Karp-Flatt fraction of your measured speedup T(1)/T(N)",
-                 hint="e = (1/S - 1/N) / (1 - 1/N) with S = T(1)/T(N).")
+    for run, n in ((run_1, 1), (run_4, 4)):
+        check_run(run, n)
+        res = run.results
+        if not all(isinstance(r, dict) and {"tasks", "elapsed"} <= set(r) for r in res):
+            reject(f"the {n}-rank run is not a run of amdahl.amdahl_job_worker (its ranks return 'tasks' and 'elapsed')")
+        if sum(r["tasks"] for r in res) != 40:
+            reject(f"the {n}-rank run did {sum(r['tasks'] for r in res)} tasks; the exercise's job has 40")
+        serial = [s.duration for s in run.spans[0] if s.name == "serial"]
+        if not serial or serial[0] < 0.9 * 0.040:
+            reject(f"rank 0 of the {n}-rank run has no serial tail of 40 ms", "Pass serial_s=0.040.")
+    s = max(r["elapsed"] for r in run_1.results) / max(r["elapsed"] for r in run_4.results)
+    check_number(answer, amdahl.karp_flatt(s, 4), rel=1e-6,
+                 what="the Karp-Flatt fraction of the speedup your two runs measured",
+                 hint="Each run's job time is the largest 'elapsed' over its ranks; S = T(1)/T(4), "
+                      "e = (1/S - 1/N) / (1 - 1/N).")

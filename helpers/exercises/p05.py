@@ -1,5 +1,5 @@
 """Exercise checks for P.5 (where efficiency goes)."""
-from . import check_number, check_true, require
+from . import check_number, check_run, check_true, reject, require
 from .. import amdahl, efficiency
 
 
@@ -27,9 +27,19 @@ def ex3(answer, a, b):
                  hint="Set the fixed part equal to the part that grows with the slice and solve for k.")
 
 
-def ex4(counts, tasks, world):
-    """Tasks per rank that the student's launch of ``imbalance_worker`` brought back."""
+def ex4(counts, run):
+    """Tasks per rank, in rank order, from a launch of imbalance_worker (30 tasks of 2 ms) on 4 ranks."""
     require(counts, "the list of task counts per rank, from run.results")
-    check_true(list(counts) == efficiency.task_counts(tasks, world),
-               what=f"the per-rank task counts of {tasks} tasks dealt over {world} ranks",
-               hint="Read r['tasks'] from each rank's result, in rank order.")
+    check_run(run, 4)
+    if not all(isinstance(r, dict) and "tasks" in r for r in run.results):
+        reject("that run is not a run of ef.imbalance_worker (its ranks return 'tasks')")
+    done = [r["tasks"] for r in run.results]
+    if sum(done) != 30:
+        reject(f"the run dealt {sum(done)} tasks; the exercise asks for 30")
+    busy = [sum(s.duration for s in run.spans[r] if s.name == "tasks") for r in range(4)]
+    if any(b < 0.9 * 0.002 * n for b, n in zip(busy, done)):
+        reject("a rank's 'tasks' span is shorter than its tasks of 2 ms each would take", "Pass task_s=0.002.")
+    if not isinstance(counts, (list, tuple)) or [int(c) for c in counts] != done:
+        reject("your list is not the ranks' task counts as the run returned them, in rank order",
+               "Read r['tasks'] from each rank's result.")
+    check_true(done == efficiency.task_counts(30, 4), what="the per-rank task counts of 30 tasks dealt over 4 ranks")

@@ -1,5 +1,5 @@
 """Exercise checks for P.7 (collectives)."""
-from . import check_number, check_true, require
+from . import check_number, check_run, check_true, op_bytes, reject
 from ..collectives import ring_allreduce_bytes
 
 
@@ -17,11 +17,13 @@ def ex2(answer_bytes):
 
 
 def ex3(run):
-    """An all-reduce built from reduce-scatter + all-gather on the ranks equals dist.all_reduce."""
-    require(run, "the Run your launch returned")
-    ok = all(r["max_abs_diff"] < 1e-12 for r in run.results)
-    check_true(ok, what="your reduce-scatter + all-gather equals dist.all_reduce on every rank",
-               hint="reduce_scatter_single gives each rank 1/N of the sum; all_gather_single puts the pieces back together.")
-    counts = (run.count("reduce_scatter"), run.count("all_gather"))
-    check_true(counts[0] >= 1 and counts[1] >= 1, what="it used one reduce-scatter and one all-gather",
-               hint=f"the comm log shows {counts[0]} reduce-scatter(s) and {counts[1]} all-gather(s)")
+    """An all-reduce of 4000 float64 values built from reduce-scatter + all-gather on 4 ranks, compared with dist.all_reduce."""
+    hint = "dist.reduce_scatter_single gives each rank 1/N of the sum; dist.all_gather_single puts the pieces together."
+    check_run(run, 4, ops={"reduce_scatter": 1, "all_gather": 1, "all_reduce": 1}, hint=hint)
+    for r in range(4):
+        sizes = (op_bytes(run, "reduce_scatter", r)[0], op_bytes(run, "all_gather", r)[0])
+        if sizes != (4000 * 8, 4000 * 8):
+            reject(f"rank {r}'s reduce-scatter and all-gather moved buffers of {sizes[0]} and {sizes[1]} bytes; "
+                   "the whole vector is 4000 float64 values", hint)
+    ok = all(isinstance(r, dict) and r.get("max_abs_diff", 1.0) < 1e-12 for r in run.results)
+    check_true(ok, what="your reduce-scatter + all-gather equals dist.all_reduce on every rank", hint=hint)

@@ -1,7 +1,7 @@
 """Exercise checks for P.8 (tensor parallelism)."""
 import numpy as np
 
-from . import check_number, check_true, require
+from . import check_number, check_parts, check_run, check_true, require
 from .. import tp_numpy as tn
 from ..tensor_parallel import book_p8
 
@@ -25,10 +25,13 @@ def ex2(answer):
                  hint="Per all-reduce each device sends 2(T-1)/T of the activation bytes; count two per layer.")
 
 
-def ex3(Y, X, W):
-    """A row-parallel product computed on the ranks equals X @ W."""
-    require(Y, "the Y your worker returned on rank 0 (an array)")
-    Y = np.asarray(Y)
-    check_true(Y.shape == (X @ W).shape and np.allclose(Y, X @ W, rtol=1e-12, atol=1e-12),
-               what="your row-parallel product equals X @ W",
-               hint="Each rank multiplies its column block of X by its row block of W; dist.all_reduce sums the partials.")
+def ex3(run, X, W):
+    """Y = X W with a row split of W on 4 ranks: every rank returns (its partial product, Y after all_reduce)."""
+    check_run(run, 4, ops={"all_reduce": 1}, hint="dist.all_reduce adds the partial products.")
+    k = X.shape[1] // 4
+    check_parts(run, [X[:, r * k:(r + 1) * k] @ W[r * k:(r + 1) * k] for r in range(4)], pair="its partial product, Y",
+                wrong=f"rank {{r}}'s partial product is not its {k} columns of X times its {k} rows of W",
+                hint="Rank k holds block k of W's rows and the matching columns of X.", rtol=1e-12)
+    ok = all(np.shape(Y) == (X @ W).shape and np.allclose(Y, X @ W, rtol=1e-12, atol=1e-12) for _, Y in run.results)
+    check_true(ok, what="a row split on 4 ranks, and every rank's Y equals X @ W",
+               hint="dist.all_reduce sums the partial products.")

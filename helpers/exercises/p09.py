@@ -1,7 +1,7 @@
 """Exercise checks for P.9 (pipeline parallelism: bubble, schedules, unequal stages)."""
 from fractions import Fraction
 
-from . import check_int, check_number, check_true, require
+from . import check_int, check_number, check_pipeline_order, check_run, check_true, require
 from ..pipeline_schedule import bubble_formula, simulate
 
 # Exercise 3: forward time of each of 8 layers; the backward takes twice as long.
@@ -51,7 +51,12 @@ def ex3(answer):
                hint=f"your split's slowest stage decides the pace; its makespan is {float(mine):g} time units.")
 
 
-def ex4(answer):
-    """Ratio of rank 0's peak activation bytes, GPipe over 1F1B, measured with m = 16 on 4 ranks."""
-    check_number(answer, 16 / 4, what="GPipe's peak activation bytes over 1F1B's on rank 0 (m = 16, p = 4)",
-                 rel=1e-6, hint="Take peak_bytes of rank 0 from the two runs' results and divide.")
+def ex4(answer, run_gpipe, run_1f1b):
+    """GPipe's peak activation bytes on rank 0 over 1F1B's, from pipeline_step_worker runs on 4 ranks with m = 16."""
+    require(answer, "the ratio of rank 0's peak_bytes, GPipe over 1F1B (a number)")
+    for run, schedule in ((run_gpipe, "gpipe"), (run_1f1b, "1f1b")):
+        check_run(run, 4)
+        check_pipeline_order(run, schedule, 16)
+    ratio = run_gpipe.results[0]["peak_bytes"] / run_1f1b.results[0]["peak_bytes"]
+    check_number(answer, ratio, rel=1e-6, what="GPipe's peak activation bytes over 1F1B's on rank 0, from your two runs",
+                 hint="Take peak_bytes of rank 0 from each run's results and divide.")

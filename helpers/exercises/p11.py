@@ -1,5 +1,5 @@
 """Exercise checks for P.11 (hybrid layouts: rank coordinates, groups, memory)."""
-from . import check_number, check_true, require
+from . import check_number, check_run, check_true, reject, require
 from ..memory import GB, per_device_total
 from ..mesh import Mesh
 
@@ -32,12 +32,15 @@ def ex3(answer):
                  hint="Each device holds 1/8 of the weights; ZeRO-2 shards its gradients and optimizer state over the 2 DP replicas.")
 
 
-def ex4(pp_sums):
-    """Per rank (0..7) of DP2 x PP2 x TP2: the sum of the ranks in its pipeline group, from the ranks."""
-    require(pp_sums, "a list of 8 integers, the all-reduced sums by rank")
+def ex4(run):
+    """DP2 x PP2 x TP2 on 8 ranks: every rank all-reduces its rank id inside its pipeline group and returns the sum."""
+    check_run(run, 8, ops={"all_reduce": 1}, hint="Build the groups with hm.build_groups and all-reduce in groups['pp'].")
+    for r in range(8):
+        if not any(o.op == "all_reduce" and o.group_size == 2 for o in run.comm[r]):
+            reject(f"rank {r} all-reduced over no group of 2 ranks: the pipeline groups of DP2 x PP2 x TP2 have 2 members",
+                   "Pass group=groups['pp'] to dist.all_reduce.")
     mesh = Mesh.of(dp=2, pp=2, tp=2)
-    want = [sum(mesh.group_of(r, "pp")) for r in range(8)]
-    if not isinstance(pp_sums, (list, tuple)) or len(pp_sums) != 8:
-        raise AssertionError(f"expected 8 values (one per rank), got {pp_sums!r}")
-    check_true([int(v) for v in pp_sums] == want, what="every rank all-reduced over its own pipeline group",
+    got = [int(v) if isinstance(v, (int, float)) else v for v in run.results]
+    check_true(got == [sum(mesh.group_of(r, "pp")) for r in range(8)],
+               what="every rank all-reduced over its own pipeline group",
                hint="Build the groups with helpers.mesh.build_groups and pass groups['pp'] to dist.all_reduce.")

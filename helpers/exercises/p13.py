@@ -31,7 +31,8 @@ def ex3(answer):
 
 
 def ex4(experiment):
-    """An experiment the student ran with the protocol: weak mode, 1 and 2 ranks, >= 5 repeats."""
+    """An experiment the student ran with the protocol on the ranks: weak mode, 1 and 2 ranks, >= 5 repeats,
+    3 tasks of 100,000 iterations per worker (sc.rank_measure)."""
     require(experiment, "the Experiment returned by scaling.run_protocol")
     problems = []
     if not isinstance(experiment, scaling.Experiment):
@@ -43,8 +44,13 @@ def ex4(experiment):
     settings = experiment.settings.values()
     if not all(len(s.trials) >= 5 and len(s.warmup) >= 1 for s in settings):
         problems.append("every setting must keep >= 5 repeats and discard >= 1 warm-up run")
-    if not all(t.total > 0 and len(t.per_worker) == s.workers for s in settings for t in s.trials):
-        problems.append("every trial needs a positive time and one time per worker (use scaling.rank_measure)")
+    trials = [(s.workers, t) for s in settings for t in s.trials]
+    if not all(set(t.phases) == {"compute", "combine"} and len(t.per_worker) == n for n, t in trials):
+        found = sorted({p for _, t in trials for p in t.phases})
+        problems.append(f"its trials were timed with phases {found}, not on the ranks (compute, then the combining "
+                        "all-reduce, one time per rank): measure with sc.rank_measure")
+    elif not all(t.result == n * 3 * scaling.work_reference(100_000) for n, t in trials):
+        problems.append("the ranks' summed result is not that of 3 tasks of 100,000 iterations per worker")
     if problems:
         raise AssertionError("not yet: " + "; ".join(problems))
     print("correct: a weak-scaling experiment on 1 and 2 ranks, warm-up discarded, >= 5 repeats each")

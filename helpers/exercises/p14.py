@@ -1,7 +1,7 @@
 """Exercise checks for P.14 (how parallel jobs fail)."""
 import numpy as np
 
-from . import check_number, check_true, require
+from . import check_number, check_run, check_true, reject
 from ..failures import cluster_mtbf, plain_and_weighted, straggler_arithmetic, token_grad_numpy, young_interval
 
 
@@ -19,15 +19,24 @@ def ex2(answer):
                  hint="Idle is the worker-time spent waiting for the slowest; divide by workers x step time.")
 
 
-def ex3(gradient, X, y, seq, w, assignment):
-    """A gradient from the ranks equals the per-token mean gradient over the whole batch."""
-    require(gradient, "the gradient your worker returned on rank 0 (a numpy array)")
-    g = np.asarray(gradient, dtype=float)
+def ex3(run, X, y, seq, w, assignment):
+    """The per-token mean gradient of the whole batch on 3 ranks, each holding its sequences of ``assignment``;
+    every rank returns (gradient, its token count)."""
+    check_run(run, 3, ops={"all_reduce": 1}, hint="Combine the ranks' sums with dist.all_reduce.")
+    if not all(isinstance(r, (list, tuple)) and len(r) == 2 for r in run.results):
+        reject("every rank must return a pair (the gradient, the number of tokens it holds)")
+    seq = np.asarray(seq)
+    for r, (_, n) in enumerate(run.results):
+        if int(n) != int(np.isin(seq, assignment[r]).sum()):
+            reject(f"rank {r} reports {int(n)} tokens; its sequences of the assignment hold a different number",
+                   "Each rank uses only the tokens of its own sequences, assignment[rank].")
     full = token_grad_numpy(X, y, w)
     plain, _ = plain_and_weighted(X, y, seq, w, assignment)
+    g = np.asarray(run.results[0][0], dtype=float)
     if g.shape == full.shape and np.allclose(g, plain, rtol=1e-10, atol=1e-12):
         raise AssertionError("not yet: that is the plain average of per-rank token means, which over-weights "
                              "the ranks with few tokens. Weight each rank by its token count.")
-    check_true(g.shape == full.shape and np.allclose(g, full, rtol=1e-10, atol=1e-12),
-               what="your gradient equals the per-token mean gradient of the whole batch",
+    ok = all(np.shape(gr) == full.shape and np.allclose(np.asarray(gr, dtype=float), full, rtol=1e-10, atol=1e-12)
+             for gr, _ in run.results)
+    check_true(ok, what="every rank's gradient equals the per-token mean gradient of the whole batch",
                hint="All-reduce the token-sum gradient and the token count, then divide.")

@@ -1,7 +1,7 @@
 """Exercise checks for P.15 (choosing a strategy: the decision sequence)."""
 from fractions import Fraction
 
-from . import check_int, check_number, check_true, require
+from . import check_int, check_number, check_run, check_true, reject, require
 from ..memory import GB, per_device_total
 from ..pipeline_schedule import min_microbatches
 
@@ -27,13 +27,16 @@ def ex3(answer):
               hint="Run planner.plan(...) with global_batch=512 and read .best.layout.pp.")
 
 
-def ex4(result):
-    """A rank-0 result of three_d_worker run as DP2 x TP2 on 4 ranks."""
+def ex4(run):
+    """td.three_d_worker run as DP2 x TP2 on 4 ranks: the layout, and rank 0's measured bytes against the model's."""
     from ..three_d import expected_bytes, measured_bytes
 
-    require(result, "run.results[0] of your launch")
-    ok = (isinstance(result, dict) and result.get("coord") == {"dp": 0, "pp": 0, "tp": 0}
-          and len(result.get("groups", {}).get("tp", [])) == 2 and len(result.get("groups", {}).get("dp", [])) == 2)
-    check_true(ok, what="the run is DP2 x TP2 on 4 ranks (rank 0's result)",
-               hint="launch(three_d.three_d_worker, dp=2, pp=1, tp=2, world_size=4).")
-    check_true(measured_bytes(result) == expected_bytes(2, 1, 2, 2), what="the measured bytes equal the model's bytes")
+    check_run(run, 4, hint="launch(td.three_d_worker, dp=2, pp=1, tp=2, world_size=4).")
+    results = run.results
+    if not all(isinstance(r, dict) and "coord" in r and "groups" in r for r in results):
+        reject("that run is not a run of td.three_d_worker (its ranks return 'coord' and 'groups')")
+    sizes = {n: max(r["coord"][n] for r in results) + 1 for n in ("dp", "pp", "tp")}
+    if sizes != {"dp": 2, "pp": 1, "tp": 2}:
+        reject(f"the run's layout is DP{sizes['dp']} x PP{sizes['pp']} x TP{sizes['tp']}; the exercise asks for DP2 x TP2")
+    check_true(measured_bytes(results[0]) == expected_bytes(2, 1, 2, 2),
+               what="a DP2 x TP2 run on 4 ranks, and rank 0's measured bytes equal the model's bytes")
