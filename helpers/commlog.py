@@ -155,6 +155,9 @@ def _make_mode_class():
             if table is not None and name in table:
                 op, idx = table[name]
                 nbytes = 0 if idx is None else _tensor_bytes(args[idx])
+                if ns == "_c10d_functional" and op == "all_gather":
+                    # a functional all-gather receives its input: the whole buffer is group size x that
+                    nbytes *= _group_size(list(args) + list(kwargs.values()))
                 self.log.record(op, nbytes, list(args) + list(kwargs.values()), name)
             return func(*args, **kwargs)
 

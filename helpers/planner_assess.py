@@ -117,6 +117,20 @@ class Rules:
     dropout: bool = True
     precision: str = "bf16-mixed"
     overlap_ep: bool = False
+    activation_model: str = "korthikanti"
+
+    def __post_init__(self):
+        one_of(self.activation_model, "activation_model", ACTIVATION_MODELS)
+
+
+# "korthikanti": Korthikanti et al.'s per-layer inventory, for GPT-3's shapes (K and V as wide as Q,
+# a 4h GeLU MLP) and Megatron's sequence parallelism; "shapes": the same inventory with the
+# model's own widths (grouped-query K and V, the FFN width, a gated MLP's four kept tensors) and
+# the K/V all-gather of context parallelism; "pytorch": "shapes" plus what PyTorch's
+# SequenceParallel keeps (the all-gathered inputs of the QKV and first MLP projections, whole,
+# where Megatron keeps their 1/t shards and gathers again in backward). Measured equal to
+# PyTorch's own code on a fake world in helpers.fake_world.
+ACTIVATION_MODELS = ("korthikanti", "shapes", "pytorch")
 
 
 @dataclass
@@ -148,6 +162,21 @@ def _layers_per_stage(model: Model, pp: int) -> int:
     return math.ceil(model.layers / pp)
 
 
+def _shape_terms(model: Model, layout: Layout, sp: bool, pytorch_sp: bool) -> float:
+    """Bytes per layer to add to Korthikanti's inventory (:data:`ACTIVATION_MODELS`). The terms
+    it scales by 1/t: Q, K, V and the output projection's input (2 bytes per element each, all
+    h wide there), the GeLU's input and output (4h wide)."""
+    s, b, h, t = model.seq_len // layout.cp, layout.micro_batch, model.hidden, layout.tp
+    q, kv = model.heads * model.hd, model.kv * model.hd
+    kept_mlp = (2 if model.mlp_matrices == 2 else 4) * 2 * model.ffn  # a gated MLP keeps 4 tensors of its width
+    out = s * b * ((2 * q + 4 * kv + 2 * q - 8 * h) + (kept_mlp - 16 * h)) / t
+    if pytorch_sp and sp:  # the two all-gathered projection inputs, whole instead of 1/t
+        out += 2 * 2 * s * b * h * (1 - 1 / t)
+    if layout.cp > 1:  # K and V of the whole sequence, all-gathered (Llama 3's context parallelism)
+        out += 2 * 2 * b * (model.seq_len - s) * kv / t
+    return out
+
+
 def activation_bytes(model: Model, layout: Layout, m: int, rules: Rules = Rules()) -> dict:
     """Activation bytes on the busiest pipeline stage (stage 0 of 1F1B): per layer, in flight, total."""
     s = model.seq_len // layout.cp
@@ -156,6 +185,11 @@ def activation_bytes(model: Model, layout: Layout, m: int, rules: Rules = Rules(
     kw = dict(t=layout.tp, sequence_parallel=sp, attention_scores=not rules.flash_attention, dropout=rules.dropout)
     per_layer = costs.activation_bytes_per_layer(*shape, model.heads, **kw)
     kept = costs.recompute_kept_bytes(layout.recompute, *shape, model.heads, **kw)  # full: only each layer's input
+    if rules.activation_model != "korthikanti":  # the model's own widths (not recomputed unless full)
+        extra = _shape_terms(model, layout, sp, rules.activation_model == "pytorch")
+        per_layer += extra
+        if layout.recompute != "full":
+            kept += extra
     p, v = layout.pp, layout.v
     lps = _layers_per_stage(model, p)
     if p == 1:

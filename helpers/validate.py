@@ -104,3 +104,21 @@ def one_of(v, name: str, options) -> str:
     if isinstance(v, bool) or not any(v == o and type(v) is type(o) for o in options):
         raise ValueError(f"{name} must be one of {options}, got {v!r}")
     return v
+
+
+def divides(d: int, n: int, constraint: str) -> None:
+    """ValueError naming ``constraint`` unless the positive integer ``d`` divides ``n``."""
+    if n % d:
+        raise ValueError(f"{constraint}: {d} does not divide {n} (remainder {n % d})")
+
+
+def product_is(factors: dict, total: int, what: str) -> None:
+    """ValueError unless the product of ``factors`` (name -> integer) is ``total``; the message
+    writes the product out, e.g. ``DP x TP x PP x CP = 2x2x2x1 = 8, not the world size 16``."""
+    prod = 1
+    for v in factors.values():
+        prod *= v
+    if prod != total:
+        names = " x ".join(factors)
+        vals = "x".join(str(v) for v in factors.values())
+        raise ValueError(f"{names} = {vals} = {prod}, not {what} {total}")

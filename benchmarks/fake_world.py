@@ -1,0 +1,54 @@
+"""Benchmark for the fake world (issue 13: the chapters' scale with PyTorch's own code).
+
+Prints one `name: value` line per figure:
+  fake_405b_16384_s              seconds to simulate rank 0's full training step of Llama 3 405B in
+                                 its published 4D layout (TP 8, CP 16, PP 16, DP 8; 16 micro-batches
+                                 of one 131,072-token sequence; ZeRO-2) at 16,384 ranks, as the 12.4.2
+                                 notebook runs it (trace_layers=2, shortened 1F1B warm-up); target
+                                 < 60 on the 2-core machine
+  fake_405b_16384_cpu_s          the CPU seconds it took (the tracing is single-threaded Python: its wall
+                                 time on a quiet machine; wall times here are under other helpers' load)
+  fake_405b_16384_full_s         the same with every layer and micro-batch traced (no extrapolation)
+  planner_vs_fake_max_rel_err    over the configurations of helpers.fake_cases (12.1.1 ... P.11):
+                                 the largest |PyTorch / planner - 1| of the per-device peak memory,
+                                 the planner told PyTorch's recipe (Rules(activation_model="pytorch"));
+                                 target <= 0.10, every larger gap explained in its notebook
+  planner_vs_fake_rel_err <case> the same for each configuration, and FLOPs per rank
+Run: python benchmarks/fake_world.py   (timings; not a test)
+"""
+import sys
+import time
+
+from helpers import fake_cases
+from helpers.memory import GB
+
+
+def main():
+    cases = fake_cases.cases()
+    llama = next(c for k, c in cases.items() if k.startswith("12.4.2") and "(128K)" in k)
+    t0, c0 = time.perf_counter(), time.process_time()
+    step = llama.simulate()
+    print(f"fake_405b_16384_s: {time.perf_counter() - t0:.1f}")
+    print(f"fake_405b_16384_cpu_s: {time.process_time() - c0:.1f}  (CPU seconds of this process: its wall time on a quiet machine)")
+    if "--quick" not in sys.argv:
+        t0 = time.perf_counter()
+        full = llama.simulate(extrapolate=False, trace_layers=None, max_layer_passes=10_000)
+        print(f"fake_405b_16384_full_s: {time.perf_counter() - t0:.1f}")
+        same = full.memory == step.memory and full.comm == step.comm and full.flops == step.flops
+        print(f"fake_405b_16384_extrapolated_equals_full: {same}")
+    worst, worst_key = 0.0, None
+    for key, case in cases.items():
+        s = step if case is llama else case.simulate()
+        rows = {q: (a, b, f) for q, a, b, f in fake_cases.memory_rows(case, s)}
+        _, planner, fake = rows["peak per device"]
+        err = abs(fake / planner - 1)
+        flops = case.model.flops_per_token() * case.global_batch * case.model.seq_len / case.layout.devices
+        print(f"planner_vs_fake_rel_err {key}: {err:.3f}  (planner {planner / GB:.1f} GB, PyTorch {fake / GB:.1f} GB; "
+              f"FLOPs PyTorch / planner {s.flops / flops:.3f})")
+        if err > worst:
+            worst, worst_key = err, key
+    print(f"planner_vs_fake_max_rel_err: {worst:.3f}  ({worst_key})")
+
+
+if __name__ == "__main__":
+    main()

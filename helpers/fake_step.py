@@ -1,0 +1,458 @@
+"""One training step of one rank, written with PyTorch's own parallelism APIs (used by
+:mod:`helpers.fake_world`, which runs it on a fake world, and by its tests, which run the same code
+on real gloo ranks).
+
+:func:`build` turns a :class:`helpers.planner.Model` and :class:`~helpers.planner.Layout` into this
+rank's pipeline stage (:class:`helpers.llama_model.Stage`) parallelised on a 4-D ``DeviceMesh``
+(dims ``dp, pp, cp, tp``, outermost first: Llama 3's order, TP innermost), on the meta device;
+:func:`materialize` gives it (fake or real) storage and its AdamW optimizer; :func:`run_step` runs
+one step in 1F1B order; :func:`measured_step` does all three and measures the step. Which API stands for which ZeRO
+stage (``Layout.zero``), each with BF16 compute and FP32 master state
+(``MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)``), AdamW:
+
+* **ZeRO-0** (DDP): ``replicate`` (``torch.distributed._composable.replicate_with_fsdp``,
+  PyTorch's DDP on FSDP2's machinery: FP32 parameters and gradients on every rank, gradients
+  all-reduced once per step, after the last micro-batch);
+* **ZeRO-1**: ``fully_shard(reshard_after_forward=False)`` with gradient reduction deferred to the
+  last micro-batch (``set_requires_gradient_sync``) and parameters kept unsharded through the
+  step (``set_reshard_after_backward``): the BF16 weights and the accumulated gradients are whole
+  during the step, only the FP32 master and the moments stay sharded. With one micro-batch per
+  step FSDP2 frees each layer's whole gradient as soon as it is reduce-scattered, so this is
+  ZeRO-2's memory. (The classic PyTorch ZeRO-1, ``ZeroRedundancyOptimizer`` over
+  ``DistributedDataParallel``, cannot run here: DDP's C++ reducer needs real storage under
+  ``FakeTensorMode``, and ``ZeroRedundancyOptimizer`` broadcasts plain tensors, not the DTensor
+  parameters of tensor parallelism.)
+* **ZeRO-2**: ``fully_shard(reshard_after_forward=False)`` (FSDP's SHARD_GRAD_OP; Llama 3's
+  "do not reshard after forward"): weights gathered once per step and kept, gradients
+  reduce-scattered every micro-batch;
+* **ZeRO-3**: ``fully_shard`` (FULL_SHARD): weights gathered for each layer's forward and again
+  for its backward, every micro-batch.
+
+Sharding is over the DP x CP ranks (CP ranks hold the same weights). Tensor parallelism is
+``parallelize_module`` with :func:`helpers.llama_model.tp_plan`; context parallelism all-gathers
+K and V (Llama 3); pipeline stages exchange activations with ``batch_isend_irecv``.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import nullcontext
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from .llama_model import Stage, stage_layer_ids, tp_plan
+
+MESH_DIMS = ("dp", "pp", "cp", "tp")
+CATEGORIES = ("parameters", "gradients", "optimizer", "activations", "temporaries", "other")
+_MEMTRACKER_KEYS = {"Parameter": "parameters", "Buffer": "parameters", "Gradient": "gradients", "Optstate": "optimizer",
+                    "Activation": "activations", "Temp": "temporaries", "Other": "other"}
+
+
+def coords(rank: int, layout) -> dict:
+    """This rank's coordinate on each mesh dim (dp, pp, cp, tp; tp varies fastest)."""
+    out, r = {}, rank
+    for name in reversed(MESH_DIMS):
+        size = getattr(layout, name)
+        out[name] = r % size
+        r //= size
+    return out
+
+
+def make_mesh(layout, device: str = "cpu") -> tuple:
+    """The 4-D ``DeviceMesh`` (dp, pp, cp, tp) of ``layout`` and its data-parallel mesh (DP x CP
+    flattened when CP > 1): FSDP shards over the ranks that hold the same weights."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh(device, tuple(getattr(layout, n) for n in MESH_DIMS), mesh_dim_names=MESH_DIMS)
+    return mesh, (mesh["dp", "cp"]._flatten("dp_cp") if layout.cp > 1 else mesh["dp"])
+
+
+def build(model, layout, stages: list, *, dropout: bool = False, reduce_dtype: str = "float32", meshes=None):
+    """This rank's stage on the meta device, parallelised (TP, activation checkpointing when
+    ``layout.recompute == "full"``, then FSDP/replicate per block and for the stage). Call inside
+    the process group (fake or real), outside ``FakeTensorMode`` (the mesh reads its rank grid).
+    ``meshes``: :func:`make_mesh`'s, to reuse (a 16,384-rank mesh takes seconds to build).
+    Returns a dict with the module, mesh, coordinates, neighbours and stage info."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    rank = dist.get_rank()
+    c = coords(rank, layout)
+    mesh, dp_mesh = meshes or make_mesh(layout)
+    ids = stage_layer_ids(model.layers, stages)[c["pp"]]
+    first, last = c["pp"] == 0, c["pp"] == layout.pp - 1
+    cp_group = mesh["cp"].get_group() if layout.cp > 1 else None
+    with torch.device("meta"):  # shapes only; storage comes with materialize()
+        stage = Stage(model, ids, first, last, dropout=dropout, cp_group=cp_group)
+    sp = layout.sequence_parallel and layout.tp > 1
+    if layout.tp > 1:
+        from torch.distributed.tensor.parallel import parallelize_module
+
+        top, block = tp_plan(stage, sp)
+        for blk in stage.layers.values():
+            parallelize_module(blk, mesh["tp"], block)
+        if top:
+            parallelize_module(stage, mesh["tp"], top)
+    if layout.recompute == "full":  # keep each block's input only; recompute the rest in backward
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+        for name in list(stage.layers):
+            stage.layers[name] = checkpoint_wrapper(stage.layers[name], preserve_rng_state=False)
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=getattr(torch, reduce_dtype))
+    if layout.zero == 0:
+        from torch.distributed._composable.replicate_with_fsdp import replicate
+
+        wrap = lambda mod: replicate(mod, mesh=dp_mesh, mp_policy=mp)
+    else:
+        wrap = lambda mod: fully_shard(mod, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=layout.zero == 3)
+    for blk in stage.layers.values():
+        wrap(blk)
+    wrap(stage)
+    stride = layout.cp * layout.tp
+    return {"stage": stage, "mesh": mesh, "dp_mesh": dp_mesh, "coords": c, "first": first, "last": last, "layer_ids": ids,
+            "sp": sp, "prev": rank - stride if not first else None, "next": rank + stride if not last else None}
+
+
+def materialize(parts, init: bool):
+    """Give the stage's (sharded) parameters storage on the CPU (fake tensors under
+    ``FakeTensorMode``), initialise them if ``init`` (real runs), and create the AdamW optimizer
+    with its moments as a first step would (zero gradients), so the measured step is a
+    steady-state step."""
+    stage = parts["stage"]
+    stage.to_empty(device="cpu")
+    params = list(stage.parameters())
+    if init:
+        with torch.no_grad():
+            for p in params:
+                p.normal_(0.0, 0.02)
+    parts["anchor"] = torch.zeros((), requires_grad=True)  # see _StageInput
+    opt = parts["opt"] = torch.optim.AdamW(params, lr=1e-4, foreach=False)
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def _exchange(sends=(), recvs=()):
+    """One batch of point-to-point ops ((tensor, peer) pairs), waited for: a send and a receive
+    in the same batch progress together (Megatron's send_forward_recv_backward), so 1F1B's
+    neighbours never wait on each other's blocking send."""
+    ops = [dist.P2POp(dist.isend, t, peer) for t, peer in sends] + [dist.P2POp(dist.irecv, t, peer) for t, peer in recvs]
+    if ops:
+        for w in dist.batch_isend_irecv(ops):
+            w.wait()
+
+
+class _StageInput(torch.autograd.Function):
+    """Where a received activation enters a stage's graph: backward hands its gradient to
+    ``grads`` (to be sent to the previous stage) instead of accumulating it in a leaf.
+
+    A leaf input would do the same, but the hooks MemTracker's ModTracker registers
+    (``register_multi_grad_hook``) form a reference cycle through C++ with the graph's nodes, which
+    keep the leaf's gradient accumulator, and so the leaf, alive: one leaked activation per
+    micro-batch. Here the graph ends at ``anchor``, a scalar shared by every micro-batch."""
+
+    @staticmethod
+    def forward(ctx, x, anchor, grads):
+        ctx.grads = grads
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        ctx.grads.append(g)
+        return None, None, None
+
+
+def run_step(model, layout, parts, m: int, *, on_boundary=None, warm: int | None = None):
+    """One training step of this rank: ``m`` micro-batches in 1F1B order (warm-up forwards, steady
+    forward/backward pairs, cool-down backwards, as Megatron's non-interleaved schedule), then the
+    optimizer step. ``on_boundary(kind, i)`` (optional) is called before each forward ('F', i)
+    and backward ('B', i) and at the end ('end', m): :mod:`helpers.fake_world` reads its counters
+    there. ``warm`` replaces the warm-up length (1F1B's is PP - stage - 1): the fake world traces
+    shorter warm-ups and extrapolates (the micro-batches in flight grow by one per warm-up step)."""
+    from contextlib import nullcontext
+
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    stage, first, last, prev, nxt = parts["stage"], parts["first"], parts["last"], parts["prev"], parts["next"]
+    c = parts["coords"]
+    s_local = model.seq_len // layout.cp
+    s_act = s_local // layout.tp if parts["sp"] else s_local
+    b, cp, zero = layout.micro_batch, layout.cp, layout.zero
+    chunk = model.seq_len // (2 * cp)
+    positions = (torch.cat([torch.arange(c["cp"] * chunk, (c["cp"] + 1) * chunk),
+                            torch.arange((2 * cp - 1 - c["cp"]) * chunk, (2 * cp - c["cp"]) * chunk)])
+                 if cp > 1 else torch.arange(s_local))
+    lp = loss_parallel if (layout.tp > 1 and model.vocab) else nullcontext
+    act = lambda: torch.empty(b, s_act, model.hidden, dtype=torch.bfloat16)
+    inputs, outputs, grads = {}, {}, []
+    mark = on_boundary or (lambda kind, i: None)
+
+    def forward(i, x):
+        mark("F", i)
+        if first and model.vocab:
+            x = torch.randint(0, model.vocab, (b, s_local))
+        elif first:  # hidden states in, as from an embedding: they need a gradient too, or FSDP
+            # would reduce the first block's gradients only at the very end of backward
+            x = _StageInput.apply(torch.randn(b, s_act, model.hidden), parts["anchor"], [])
+        else:
+            x = _StageInput.apply(x, parts["anchor"], grads)
+        inputs[i] = x
+        out = stage(x, positions)
+        if last:
+            with lp():
+                if model.vocab:
+                    labels = torch.randint(0, model.vocab, (b, s_local))
+                    out = F.cross_entropy(out.flatten(0, 1).float(), labels.flatten())
+                else:
+                    out = out.float().pow(2).mean()
+        outputs[i] = out
+        return None if last else out.detach()
+
+    def backward(i, g):
+        mark("B", i)
+        stage.set_is_last_backward(i == m - 1)
+        if zero in (1, 2):
+            stage.set_reshard_after_backward(i == m - 1)
+        if zero in (0, 1):
+            stage.set_requires_gradient_sync(i == m - 1)
+        out = outputs.pop(i)
+        if last:
+            with lp():
+                out.backward()
+        else:
+            torch.autograd.backward(out, grad_tensors=g)
+        inputs.pop(i)
+        return None if first else grads.pop()
+
+    warm = min(layout.pp - c["pp"] - 1 if warm is None else warm, m)
+    recv_x = lambda: None if first else act()
+    for i in range(warm):
+        x = recv_x()
+        _exchange(recvs=[(x, prev)] if x is not None else ())
+        y = forward(i, x)
+        _exchange(sends=[(y, nxt)] if y is not None else ())
+    x = recv_x()
+    if m > warm:
+        _exchange(recvs=[(x, prev)] if x is not None else ())
+    for j in range(m - warm):
+        y = forward(warm + j, x)
+        g = None if last else act()
+        _exchange(sends=[(y, nxt)] if y is not None else (), recvs=[(g, nxt)] if g is not None else ())
+        dx = backward(j, g)
+        x = recv_x() if j < m - warm - 1 else None
+        _exchange(sends=[(dx, prev)] if dx is not None else (), recvs=[(x, prev)] if x is not None else ())
+    for i in range(m - warm, m):
+        g = None if last else act()
+        _exchange(recvs=[(g, nxt)] if g is not None else ())
+        dx = backward(i, g)
+        _exchange(sends=[(dx, prev)] if dx is not None else ())
+    mark("opt", m)
+    parts["opt"].step()
+    mark("end", m)
+
+
+def memtracker_class():
+    """``MemTracker`` that ignores the tensors DTensor's sharding propagation creates.
+
+    PyTorch's ``MemTracker`` skips DTensor's shape propagation by comparing the active fake mode
+    with the one active when it was entered; under an outer ``FakeTensorMode`` the propagation runs
+    in that same mode (``detect_fake_mode()`` returns it), and global-shape tensors, e.g. a whole
+    unsharded copy of every parameter during a foreach optimizer step, are counted as memory. The
+    propagation runs inside ``ShardingPropagator._fake_mode_lock``; :func:`measuring` replaces that
+    lock by a counter this tracker checks.
+    """
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.distributed.tensor import DTensor
+
+    class _Tracker(MemTracker):
+        def _pre_fw_hook(self, module, inputs):
+            # a new micro-batch through the stage (the root): start its module stats afresh
+            # (MemTracker refuses a second top-level call of a module; the peak is kept)
+            if module in self.memory_tracking and not self._mod_tracker.is_bw:
+                if set(self._mod_tracker.parents) - {self._mod_tracker.get_known_fqn(module)} == {"Global"}:
+                    del self.memory_tracking[module]
+            super()._pre_fw_hook(module, inputs)
+
+        def __enter__(self):
+            self._thread = threading.get_ident()
+            return super().__enter__()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            # gloo runs collectives on its own threads, which inherit the dispatch modes: what it
+            # allocates there is the backend's scratch (NCCL's never reaches PyTorch at all)
+            if _PROPAGATING[0] or threading.get_ident() != self._thread:
+                return func(*args, **(kwargs or {}))
+            # a view allocates nothing: a storage first seen through a view is a kernel's internal
+            # scratch (the CPU fallback of FSDP's chunk_cat copy-in; the GPU kernel has none)
+            if func.is_view and not any(issubclass(t, DTensor) for t in types):
+                return func(*args, **(kwargs or {}))
+            return super().__torch_dispatch__(func, types, args, kwargs)
+
+    return _Tracker
+
+
+_PROPAGATING = [0]
+
+
+class _PropagationMarker:
+    def __enter__(self):
+        _PROPAGATING[0] += 1
+
+    def __exit__(self, *exc):
+        _PROPAGATING[0] -= 1
+        return False
+
+
+def flop_counter():
+    """``FlopCounterMode`` for this rank's own work: the local ops of DTensors (PyTorch's counter
+    sees a DTensor op with its global shapes first and counts it whole: TP x too many), without
+    the module tracker (:class:`_NoModules`), and with the CPU attention kernels (PyTorch's table
+    has only the CUDA ones; the formulas are PyTorch's own: full attention, as for causal)."""
+    from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
+
+    aten = torch.ops.aten
+
+    def fwd(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs):
+        return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+    def bwd(grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs):
+        return sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
+
+    from torch.distributed.tensor import DTensor
+    from torch.utils.flop_counter import _FlopCounterMode
+
+    class _LocalMode(_FlopCounterMode):
+        # DTensor ops carry global shapes: let DTensor turn them into the local ops this rank runs
+        # (counted then), and skip the global-shape ops of its sharding propagation
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if any(issubclass(t, DTensor) for t in types):
+                return NotImplemented
+            if _PROPAGATING[0]:
+                return func(*args, **(kwargs or {}))
+            return super().__torch_dispatch__(func, types, args, kwargs)
+
+    class _Counter(FlopCounterMode):
+        def __enter__(self):
+            self.flop_counts.clear()
+            self.mode = _LocalMode(self)
+            self.mode.__enter__()
+            return self
+
+        def __exit__(self, *exc):
+            self.mode.__exit__(*exc)
+            self.mode = None
+            return False
+
+    counter = _Counter(display=False, custom_mapping={aten._scaled_dot_product_flash_attention_for_cpu: fwd,
+                                                      aten._scaled_dot_product_flash_attention_for_cpu_backward: bwd})
+    counter.mod_tracker = _NoModules()
+    return counter
+
+
+class _NoModules:
+    """Stands in for FlopCounterMode's per-module breakdown (we need the total only). Its
+    ModuleTracker hooks a pipeline stage's output with ``register_multi_grad_hook``, whose buffer
+    keeps the gradient received from the next stage alive until the garbage collector finds the
+    cycle: the memory measurement would count one received gradient per micro-batch."""
+
+    parents = {"Global"}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def measured_step(model, layout, stages, m: int, *, fake: bool, dropout: bool = False, boundaries: bool = False,
+                  warm: int | None = None, reduce_dtype: str = "float32", meshes=None) -> dict:
+    """Build this rank's stage, then run and measure one step: peak bytes by category (MemTracker),
+    the model state held after the step, every collective (:class:`helpers.commlog.CommLog`),
+    FLOPs (FlopCounterMode) and, with ``boundaries``, the counters at each micro-batch boundary.
+    Runs in the current process group, fake or real."""
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+    saved_lock = ShardingPropagator._fake_mode_lock
+    ShardingPropagator._fake_mode_lock = _PropagationMarker()
+    try:
+        t0 = time.perf_counter()
+        parts = build(model, layout, stages, dropout=dropout, reduce_dtype=reduce_dtype, meshes=meshes)
+        mode = nullcontext()
+        if fake:
+            from torch._subclasses.fake_tensor import FakeTensorMode
+
+            mode = FakeTensorMode(allow_non_fake_inputs=True)  # the meta parameters become fake
+        with mode:
+            return _measure(model, layout, parts, m, init=not fake, boundaries=boundaries, t0=t0, warm=warm)
+    finally:
+        ShardingPropagator._fake_mode_lock = saved_lock
+
+
+def _measure(model, layout, parts, m, *, init, boundaries, t0, warm):
+    from .commlog import CommLog
+
+    materialize(parts, init)
+    tracker = memtracker_class()()
+    tracker.track_external(parts["stage"], parts["opt"])
+    flops = flop_counter()
+    marks, phases, current = [], {}, ["start"]
+
+    def close_phase():
+        """Keep the peak of the stretch since the last boundary under its kind (forward, backward,
+        optimizer), and start a new stretch: each kind's peak grows linearly with the layers and
+        the micro-batches in flight, and the step's peak is the largest of them."""
+        snap = _categories(tracker.get_tracker_snapshot("peak"))
+        kind = current[0]
+        if kind not in phases or snap["total"] > phases[kind]["total"]:
+            phases[kind] = snap
+        tracker._peak_mem_snap = tracker.get_tracker_snapshot("current")
+        tracker._peak_mem = {dev: d["Total"] for dev, d in tracker._peak_mem_snap.items()}
+
+    def mark(kind, i):
+        close_phase()
+        current[0] = {"F": "forward", "B": "backward", "opt": "optimizer", "end": "end"}[kind]
+        if boundaries:
+            marks.append((kind, i, len(log.ops), flops.get_total_flops()))
+
+    with tracker, CommLog() as log, flops:
+        run_step(model, layout, parts, m, on_boundary=mark, warm=warm)
+        close_phase()
+    peak = max(phases.values(), key=lambda snap: snap["total"])
+    held = _categories(tracker.get_tracker_snapshot("current"))
+    axes = _axes(parts)
+    ops = [(o.op, o.bytes, o.group_size, axes.get(o.group, "?")) for o in log.ops]
+    return {"peak": peak, "phases": phases, "held": held, "ops": ops,
+            "flops": flops.get_total_flops(), "marks": marks, "layers": len(parts["layer_ids"]),
+            "coords": parts["coords"], "wall_s": time.perf_counter() - t0}
+
+
+def _axes(parts) -> dict:
+    """Process-group name -> the mesh axis it spans (dp, pp, cp, tp, dp_cp; "pp" for the
+    point-to-point sends of the pipeline, which use the default group)."""
+    mesh = parts["mesh"]
+    out = {dist.group.WORLD.group_name: "pp"}  # unless a mesh axis spans the whole world (and reuses it)
+    for d in mesh.mesh_dim_names:
+        if mesh.size(mesh.mesh_dim_names.index(d)) > 1 or mesh.get_group(d).group_name not in out:
+            out[mesh.get_group(d).group_name] = d
+    out[parts["dp_mesh"].get_group().group_name] = parts["dp_mesh"].mesh_dim_names[0]
+    return out
+
+
+def _categories(snapshot: dict) -> dict:
+    out = dict.fromkeys(CATEGORIES, 0)
+    for dev_snap in snapshot.values():
+        for k, v in dev_snap.items():
+            key = _MEMTRACKER_KEYS.get(getattr(k, "value", k))
+            if key:
+                out[key] += v
+    out["total"] = sum(out[k] for k in CATEGORIES)
+    return out
+
+
+def worker(model, layout, stages, m: int, dropout: bool = False) -> dict:
+    """:func:`measured_step` with real tensors on the launcher's ranks (the fake world's check):
+    ``launch(worker, model, layout, stages, m, world_size=layout.devices, record=False)``."""
+    torch.manual_seed(dist.get_rank())
+    return measured_step(model, layout, stages, m, fake=False, dropout=dropout)

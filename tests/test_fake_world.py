@@ -1,0 +1,221 @@
+"""The fake world checked against reality: the same training step on real gloo ranks (real tensors)
+and on a fake world (fake process group, fake tensors) gives the same bytes per category, the same
+collectives and the same FLOPs; the scaled traces equal full ones; bad layouts are refused."""
+import sys
+from dataclasses import replace
+
+import pytest
+import torch.distributed as dist
+
+from helpers import fake_step
+from helpers import fake_world as fw
+from helpers.planner import Layout, Model
+
+TINY = Model("tiny", layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, mlp_matrices=3, seq_len=32, vocab=256)
+# the three layouts of the issue on 4 ranks: FSDP2 over DP4, TP2 x DP2 with sequence parallelism,
+# a 2-stage pipeline x DP2 (ZeRO-2: weights kept for the step, gradients reduce-scattered)
+LAYOUTS = [(Layout(dp=4, zero=3), 2), (Layout(dp=2, tp=2, zero=3), 2), (Layout(dp=2, pp=2, zero=2), 2)]
+
+
+def _real_steps(layouts):
+    """On every real rank: the measured step of each layout (one launch for all three)."""
+    out = []
+    for lay, m in layouts:
+        out.append(fake_step.worker(TINY, lay, [TINY.layers // lay.pp] * lay.pp, m))
+    return out
+
+
+def test_leaves_no_process_group_and_cleans_up_on_error():
+    with pytest.raises(ZeroDivisionError):
+        with fw.fake_world(8, 3):
+            assert dist.get_world_size() == 8 and dist.get_rank() == 3
+            1 / 0
+    assert not dist.is_initialized()
+    with fw.fake_world(4):
+        with pytest.raises(RuntimeError, match="already initialised"):
+            with fw.fake_world(4):
+                pass
+    assert not dist.is_initialized()
+
+
+@pytest.fixture(scope="module")
+def real():
+    from helpers.launcher import launch
+
+    fw.simulate(TINY, Layout(dp=2, zero=3), micro_batches=1)  # a fake world first: the launch must not mind
+    assert not dist.is_initialized()
+    return launch(_real_steps, LAYOUTS, world_size=4, record=False, quiet=True, timeout=90).results
+
+
+@pytest.mark.parametrize("i", range(len(LAYOUTS)))
+def test_fake_world_equals_real_ranks(real, i):
+    lay, m = LAYOUTS[i]
+    for rank in sorted({0, lay.devices - 1}):  # for the pipeline: the first and the last stage
+        fake = fw.simulate(TINY, lay, micro_batches=m, rank=rank)
+        mine = real[rank][i]
+        assert fake.memory == mine["peak"], (lay.label(), rank)  # bytes at the peak, by category
+        assert fake.held == mine["held"]  # parameters, gradients and optimizer state after the step
+        assert fake.comm == fw.comm_rows(mine["ops"])  # every collective: kind, group, calls, bytes
+        assert fake.flops == mine["flops"] > 0
+        assert fake.memory["optimizer"] > 0 and fake.memory["activations"] > 0
+
+
+def test_the_comparison_sees_a_difference(real):
+    """The real-vs-fake comparison is not vacuous: another ZeRO stage or micro-batch count differs."""
+    lay, m = LAYOUTS[0]
+    mine = real[0][0]
+    other = fw.simulate(TINY, Layout(dp=4, zero=2), micro_batches=m)
+    assert other.memory != mine["peak"] and other.comm != fw.comm_rows(mine["ops"])
+    more = fw.simulate(TINY, lay, micro_batches=m + 1)
+    assert more.flops == mine["flops"] * (m + 1) // m
+
+
+def test_counts_are_the_mechanisms():
+    """FSDP2 over DP4, ZeRO-3, 2 micro-batches: each of the 3 FSDP units (2 blocks + the stage's
+    embedding, norm and head) gathers its weights in forward and again in backward for every
+    micro-batch and reduce-scatters its gradients; BF16 gathers, FP32 gradient reductions."""
+    r = fw.simulate(TINY, Layout(dp=4, zero=3), micro_batches=2)
+    rows = {(c["kind"], c["axis"], c["group_size"]): c for c in r.comm}
+    ag, rs = ("all_gather", "dp", 4), ("reduce_scatter", "dp", 4)
+    assert set(rows) == {ag, rs}
+    assert rows[ag]["calls"] == 3 * 2 * 2 and rows[rs]["calls"] == 3 * 2
+    params = sum(p for p in _param_counts(TINY))
+    assert rows[ag]["bytes"] == 2 * 2 * params * 2  # bf16, twice per micro-batch
+    assert rows[rs]["bytes"] == 2 * params * 4  # fp32
+    tensors = 9 * TINY.layers + 3  # AdamW keeps a 4-byte step counter per parameter tensor
+    assert r.held["parameters"] == params * 4 // 4  # the FP32 shard: the master weights
+    assert r.held["optimizer"] == 2 * params * 4 // 4 + 4 * tensors  # two FP32 moments, sharded
+
+
+def _param_counts(m):
+    h, hd = m.hidden, m.hd
+    layer = h * m.heads * hd * 2 + 2 * h * m.kv * hd + 3 * h * m.ffn + 2 * h
+    return [m.layers * layer, 2 * m.vocab * h + h]
+
+
+def test_scaled_traces_equal_full_traces():
+    """trace_layers=2 (traces of 2, 3 and 4 layers, scaled to 5; 3 of 4 micro-batches, 3 of 5 steady
+    1F1B iterations) gives exactly the figures of a trace of everything."""
+    five = Model("five", layers=5, hidden=64, heads=4, kv_heads=2, ffn=128, mlp_matrices=3, seq_len=32, vocab=256)
+    ten = replace(five, layers=10)
+    for model, lay, m in [(five, Layout(dp=2, zero=3), 4), (ten, Layout(dp=1, pp=2, zero=2), 6)]:
+        part = fw.simulate(model, lay, micro_batches=m, trace_layers=2, extrapolate="always")
+        assert len(part.notes) == 2, "nothing was scaled: the test would not test the scaling"
+        full = fw.simulate(model, lay, micro_batches=m, extrapolate=False)
+        assert (part.memory, part.held, part.comm, part.flops) == (full.memory, full.held, full.comm, full.flops)
+
+
+def test_bad_layouts_are_refused_before_tracing():
+    odd = Model("odd", layers=30, hidden=96, heads=6, kv_heads=2, ffn=192, seq_len=100, vocab=192)
+    for lay, msg in [(Layout(dp=1, tp=4), "TP must divide the attention heads"),
+                     (Layout(dp=1, tp=3), "TP must divide the KV heads"),
+                     (Layout(dp=1, pp=4), "PP must divide the layers"),
+                     (Layout(dp=1, cp=4), "2 x CP must divide the sequence")]:
+        with pytest.raises(ValueError, match=msg):
+            fw.simulate(odd, lay)
+    with pytest.raises(ValueError, match=r"DP x TP x PP x CP = 2x1x1x1 = 2, not the world size 8"):
+        fw.simulate(TINY, Layout(dp=2), world_size=8)
+    with pytest.raises(ValueError, match="rank must be in"):
+        fw.simulate(TINY, Layout(dp=2), rank=2)
+    with pytest.raises(ValueError, match="stages must give PP = 2"):
+        fw.simulate(TINY, Layout(dp=1, pp=2), stages=[1, 2])
+    with pytest.raises(ValueError, match="cannot fill PP = 2"):
+        fw.simulate(TINY, Layout(dp=1, pp=2), micro_batches=1)
+    deep = Model("deep", layers=400, hidden=64, heads=4, ffn=128, seq_len=32)
+    with pytest.raises(ValueError, match="trace_layers=2"):  # too long to trace: says how to proceed
+        fw.simulate(deep, Layout(dp=2))
+    with pytest.raises(ValueError, match="trace_layers must be an integer >= 2"):
+        fw.simulate(TINY, Layout(dp=2), trace_layers=1)
+    assert not dist.is_initialized()
+
+
+def test_llama3_uneven_stages():
+    st = fw.uneven_stages(126, 16)
+    assert st == [7] + [8] * 14 + [7] and sum(st) == 126
+    with pytest.raises(ValueError, match="multiple of PP"):
+        fw.uneven_stages(125, 16)
+
+
+def test_private_import_guard_names_the_pinned_torch(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch.testing._internal.distributed.fake_pg", None)
+    with pytest.raises(ImportError, match=r"torch 2\.13\.0"):
+        fw.fake_store_class()
+
+
+def test_flops_are_this_ranks_own():
+    """A DTensor op has global shapes; the counter must count the local work: TP2 halves every
+    matmul and attention (the norms and the loss count no FLOPs), DP does not change a rank's."""
+    one = fw.simulate(TINY, Layout(dp=1, zero=3), micro_batches=1)
+    assert fw.simulate(TINY, Layout(dp=1, tp=2, zero=3), micro_batches=1).flops * 2 == one.flops
+    # forward + backward = 3 x the forward's matmuls: 6 FLOPs per weight per token in the blocks
+    tokens, counted = TINY.seq_len, sum(_param_counts(TINY))
+    assert one.flops > 6 * tokens * (counted - TINY.vocab * TINY.hidden - TINY.hidden * (2 * TINY.layers + 1))
+
+
+def test_norm_and_dropout_keep_what_the_gpu_kernels_keep():
+    import torch
+
+    from helpers.llama_model import Dropout, RMSNorm
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 8, dtype=torch.float64, requires_grad=True)
+    norm = RMSNorm(8).double()
+    with torch.no_grad():
+        norm.weight.normal_()
+    ref = torch.nn.functional.rms_norm(x, (8,), norm.weight, 1e-5)
+    g = torch.randn_like(ref)
+    ours = torch.autograd.grad(norm(x), (x, norm.weight), g)
+    theirs = torch.autograd.grad(ref, (x, norm.weight), g)
+    assert all(torch.allclose(a, b, rtol=1e-12, atol=1e-12) for a, b in zip(ours, theirs))
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append((t.dtype, t.numel())) or t, lambda t: t):
+        xb = torch.randn(4, 8, dtype=torch.bfloat16, requires_grad=True)
+        RMSNorm(8).to(torch.bfloat16)(xb)
+        Dropout(0.1)(xb)
+    assert (torch.bfloat16, 32) in saved and (torch.float32, 4) in saved and (torch.bool, 32) in saved
+    assert (torch.float32, 32) not in saved  # no FP32 copy of the input, unlike the CPU decomposition
+
+
+def test_recomputation_keeps_only_block_inputs():
+    plain = fw.simulate(TINY, Layout(dp=2, zero=3), micro_batches=1)
+    ac = fw.simulate(TINY, Layout(dp=2, zero=3, recompute="full"), micro_batches=1)
+    assert ac.memory["activations"] < plain.memory["activations"] and ac.flops > plain.flops
+
+
+def test_sequence_parallel_all_gathers_the_whole_activation():
+    """Each all-gather of sequence parallelism (DTensor's functional collective, which receives
+    its input shard) is recorded with the whole buffer it fills: b x s x h x 2 bytes, over TP."""
+    r = fw.simulate(TINY, Layout(dp=1, tp=2, zero=3), micro_batches=1)
+    ag = [c for c in r.comm if c["kind"] == "all_gather" and c["axis"] == "tp"]
+    assert len(ag) == 1 and ag[0]["group_size"] == 2 and ag[0]["calls"] >= 4 * TINY.layers
+    assert ag[0]["bytes"] == ag[0]["calls"] * TINY.seq_len * TINY.hidden * 2
+
+
+def test_planner_activations_with_the_models_shapes_match_pytorch():
+    """The planner's activation_model="pytorch" (the model's own FFN, gating and KV heads; PyTorch's
+    SP keeping the gathered inputs) is what one layer of PyTorch's code keeps, to the FP32 scalars
+    per token (norms' 1/rms, attention's log-sum-exp) it leaves out; the chapter's GPT-3 formula is
+    far from it for a SwiGLU/GQA model with sequence parallelism."""
+    from helpers.planner import Rules, activation_bytes
+
+    model = Model("swiglu", layers=5, hidden=64, heads=4, kv_heads=2, ffn=192, mlp_matrices=3, seq_len=512, vocab=256)
+    lay = Layout(dp=1, tp=2, zero=3, micro_batch=4)  # activations dominate the peak
+    measured = fw.simulate(model, lay, micro_batches=1, trace_layers=2, extrapolate="always").per_layer["activations"]
+    per_layer = lambda am: activation_bytes(model, lay, 1, Rules(dropout=False, activation_model=am))["per layer"]
+    assert abs(measured / per_layer("pytorch") - 1) < 0.03
+    assert measured / per_layer("korthikanti") > 1.3 and measured / per_layer("shapes") > 1.1
+    with pytest.raises(ValueError, match="activation_model"):
+        Rules(activation_model="guess")
+
+
+def test_collective_counts_agree_with_commdebugmode():
+    """PyTorch's own counter of collectives (CommDebugMode, c10d and functional) agrees with ours."""
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    with CommDebugMode() as cdm:
+        r = fw.simulate(TINY, Layout(dp=2, tp=2, zero=3), micro_batches=1, extrapolate=False)
+    theirs = {}
+    for op, n in cdm.get_comm_counts().items():
+        kind = next(k for k in ("all_gather", "reduce_scatter", "all_reduce") if k.replace("_", "") in str(op).replace("_", ""))
+        theirs[kind] = theirs.get(kind, 0) + n
+    assert theirs == {k: v["calls"] for k, v in r.comm_by_kind().items()} and len(theirs) == 3
