@@ -94,14 +94,35 @@ def test_student_edition_runs_to_the_first_exercise_and_fails_helpfully(path, tm
     assert failed == [first_check]
 
 
+@pytest.fixture(scope="module")
+def one_kernel(tmp_path_factory):
+    """One kernel for the 23 short runs below, its namespace cleared before each (a kernel start
+    costs seconds on a loaded 2-core machine; 23 of them were a minute and a half of the suite)."""
+    from jupyter_core.utils import run_sync
+
+    km = nbexec.KernelManager(kernel_name="python3")
+    run_sync(km.start_kernel)(cwd=str(tmp_path_factory.mktemp("kernel")))
+    yield km
+    run_sync(km.shutdown_kernel)(now=True)
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
-def test_every_student_edition_first_check_says_not_answered(path, tmp_path):
+def test_every_student_edition_first_check_says_not_answered(path, one_kernel):
     st = student.student_notebook(nbformat.read(path, as_version=4))
     code = [c for c in st.cells if c.cell_type == "code"]
     check = student.check_cells(st)[0]
     answer = code[code.index(check) - 1]
     assert student.STUB.strip() in answer.source
-    nb = nbformat.v4.new_notebook(cells=[code[0], answer, check], metadata=st.metadata)  # imports, stub, check
-    err = _execute_until_error(nb, tmp_path)
+    reset = nbformat.v4.new_code_cell("%reset -f")  # nothing left from the previous notebook
+    nb = nbformat.v4.new_notebook(cells=[reset, code[0], answer, check], metadata=st.metadata)  # imports, stub, check
+    client = NotebookClient(nb, km=one_kernel, timeout=300)
+    try:
+        with pytest.raises(CellExecutionError) as info:
+            client.execute()
+    finally:
+        if client.kc is not None:
+            client.kc.stop_channels()
+    err = info.value
     assert err.ename == "NotAnswered" and "not answered yet" in err.evalue, (err.ename, err.evalue)
-    assert nb.cells[1].outputs == [] or all(o.output_type != "error" for o in nb.cells[1].outputs)
+    assert nb.cells[2].outputs == [] or all(o.output_type != "error" for o in nb.cells[2].outputs)
+    assert [i for i, c in enumerate(nb.cells) if any(o.output_type == "error" for o in c.outputs)] == [3]
