@@ -307,14 +307,16 @@ def interrupt_while_the_forkserver_imports_torch():
     while fs._forkserver._forkserver_pid is None:
         time.sleep(0.01)
     # the launcher ignores SIGINT while it spawns the forkserver (a documented window: an interrupt
-    # there is lost, never half-handled); a starved main thread can still be in it 0.5 s after the
-    # spawn (seen once with the whole suite running beside it), so wait until it has left it
+    # there is lost, never half-handled); a starved main thread could still be in it: wait it out
     while signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         time.sleep(0.01)
     time.sleep(0.5)  # the forkserver is importing torch, torch._dynamo (seconds)
     os.killpg(os.getpgrp(), signal.SIGINT)  # what Jupyter's interrupt does: the whole group
 
 if __name__ == "__main__":
+    # a Jupyter kernel always handles SIGINT; this process may have inherited it ignored (a suite
+    # started in the background of a non-interactive shell), where no interrupt could arrive
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     threading.Thread(target=interrupt_while_the_forkserver_imports_torch, daemon=True).start()
     try:
         launch(w, world_size=2, quiet=True)
