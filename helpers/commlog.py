@@ -155,10 +155,9 @@ def _make_mode_class():
             if table is not None and name in table:
                 op, idx = table[name]
                 nbytes = 0 if idx is None else _tensor_bytes(args[idx])
-                if ns == "_c10d_functional" and op == "all_gather":
-                    # a functional all-gather receives its input: the whole buffer is group size x that
-                    nbytes *= _group_size(list(args) + list(kwargs.values()))
-                self.log.record(op, nbytes, list(args) + list(kwargs.values()), name)
+                # a functional all-gather receives its input: the whole buffer is group size x that
+                whole = ns == "_c10d_functional" and op == "all_gather"
+                self.log.record(op, nbytes, list(args) + list(kwargs.values()), name, per_member=whole)
             return func(*args, **kwargs)
 
     return _Recorder
@@ -186,8 +185,9 @@ class CommLog:
     def now(self) -> float:
         return time.perf_counter() - self.t0
 
-    def record(self, op: str, nbytes: int, args, c10d_name: str = ""):
-        """Append one call: its payload, its group and its number on that group (or peer)."""
+    def record(self, op: str, nbytes: int, args, c10d_name: str = "", per_member: bool = False):
+        """Append one call: its payload, its group and its number on that group (or peer).
+        ``per_member``: ``nbytes`` is one member's part, and the payload is the group's size times it."""
         import torch.distributed as dist
 
         g = _find_group(args)
@@ -201,6 +201,8 @@ class CommLog:
             if gname not in self.groups:
                 self.groups[gname] = tuple(dist.get_process_group_ranks(g))
             members = self.groups[gname]
+        if per_member:
+            nbytes *= size
         peer = None
         if op in ("send", "recv"):
             local = args[2] if c10d_name in ("send", "recv_") and len(args) > 2 and isinstance(args[2], int) else None

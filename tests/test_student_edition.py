@@ -68,13 +68,18 @@ def test_unbalanced_markers_are_rejected():
         student.student_notebook(nb)
 
 
-def _execute_until_error(nb, tmp_path):
+def _execute_until_error(nb, tmp_path=None, km=None):
+    """Run ``nb`` until a cell fails, in a fresh kernel (in ``tmp_path``) or in the running kernel ``km``."""
     # nbexec's kernel manager: with nbclient's own, the reply of an `interact` cell (c12_1_1 has one
     # before its first exercise) was sometimes noticed only at the 300 s timeout on a loaded machine
-    client = NotebookClient(nb, timeout=300, kernel_name="python3", kernel_manager_class=nbexec.KernelManager,
-                            resources={"metadata": {"path": str(tmp_path)}})
-    with pytest.raises(CellExecutionError) as info:
-        client.execute()
+    client = NotebookClient(nb, km=km, timeout=300, kernel_name="python3", kernel_manager_class=nbexec.KernelManager,
+                            resources={"metadata": {"path": str(tmp_path)}} if tmp_path else {})
+    try:
+        with pytest.raises(CellExecutionError) as info:
+            client.execute()
+    finally:
+        if km is not None and client.kc is not None:
+            client.kc.stop_channels()  # the kernel stays for the next notebook; this client does not
     return info.value
 
 
@@ -115,14 +120,7 @@ def test_every_student_edition_first_check_says_not_answered(path, one_kernel):
     assert student.STUB.strip() in answer.source
     reset = nbformat.v4.new_code_cell("%reset -f")  # nothing left from the previous notebook
     nb = nbformat.v4.new_notebook(cells=[reset, code[0], answer, check], metadata=st.metadata)  # imports, stub, check
-    client = NotebookClient(nb, km=one_kernel, timeout=300)
-    try:
-        with pytest.raises(CellExecutionError) as info:
-            client.execute()
-    finally:
-        if client.kc is not None:
-            client.kc.stop_channels()
-    err = info.value
+    err = _execute_until_error(nb, km=one_kernel)
     assert err.ename == "NotAnswered" and "not answered yet" in err.evalue, (err.ename, err.evalue)
     assert nb.cells[2].outputs == [] or all(o.output_type != "error" for o in nb.cells[2].outputs)
     assert [i for i, c in enumerate(nb.cells) if any(o.output_type == "error" for o in c.outputs)] == [3]
