@@ -84,9 +84,20 @@ def drop_python_version(nb_json: dict) -> None:
 
 
 def pre_save_hook(model, **kwargs) -> None:
-    """Jupyter server pre-save hook: a notebook is saved without its kernel's Python version."""
-    if model.get("type") == "notebook" and isinstance(model.get("content"), dict):
-        drop_python_version(model["content"])
+    """Jupyter server pre-save hook: a notebook is saved without its kernel's Python version and
+    without live widget views (autosave of a notebook whose controls ran would otherwise store
+    views that show "Error displaying widget: model not found" when it is reopened)."""
+    content = model.get("content")
+    if model.get("type") != "notebook" or not isinstance(content, dict):
+        return
+    drop_python_version(content)
+    if WIDGET_VIEW in str(content.get("cells", "")) or "widgets" in content.get("metadata", {}):
+        import nbformat
+
+        nb = nbformat.from_dict(content)
+        strip_widget_views(nb)
+        content.clear()
+        content.update(nb)
 
 
 def stored_widget_problems(nb) -> list[str]:
@@ -99,11 +110,31 @@ def stored_widget_problems(nb) -> list[str]:
 
 
 def write(nb, path) -> None:
-    """Write ``nb`` as JupyterLab does: ``nbformat.writes`` and a final newline."""
+    """Write ``nb`` as JupyterLab does: ``nbformat.writes`` and a final newline. The text goes to
+    a temporary file beside ``path`` that then replaces it, so a reader never sees half a file."""
+    import os
+    import tempfile
+
     import nbformat
 
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(nbformat.writes(nb) + "\n")
+    text = nbformat.writes(nb) + "\n"
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".~", suffix=".ipynb.tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        if os.path.exists(path):
+            mode = os.stat(path).st_mode & 0o777
+        else:
+            mask = os.umask(0)
+            os.umask(mask)
+            mode = 0o666 & ~mask
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
 
 
 def clean_file(path) -> int:

@@ -129,16 +129,29 @@ def check_ranks(trace_path: str, world_size: int, names) -> dict[int, dict[str, 
     return counts
 
 
+TRACES_ENV = "WORKBOOK_TRACES"  # a folder for kept traces (the suite points it outside the checkout)
+DEFAULT_FOLDER = ".traces"  # beside the notebook, hidden: not in a student's file list
+
+
+def traces_folder() -> str:
+    """Where :func:`keep` puts a trace given by name: ``$WORKBOOK_TRACES`` if set, else
+    ``.traces`` in the kernel's working folder (beside the notebook). JupyterLab's file browser does
+    not list a hidden folder, and ``jupyter_config/common`` lets the server serve it, so the link
+    :func:`link` shows still opens the file."""
+    return os.environ.get(TRACES_ENV) or DEFAULT_FOLDER
+
+
 def keep(trace_path: str, dest: str | os.PathLike) -> str:
-    """Move a merged trace to ``dest`` (its folder is created; a file already there is replaced)
-    and return ``dest`` as a string: the notebooks keep theirs in ``traces/`` beside them, which
-    git ignores, where the kernel's own launcher folder would vanish when the kernel exits."""
+    """Move a merged trace to ``dest`` and return where it went, as a string (a file already there
+    is replaced). A bare file name (``"p07_ring.json"``) goes into :func:`traces_folder`, which is
+    created; a path with a folder is used as given. The kernel's own launcher folder, where the
+    launcher writes the trace, vanishes when the kernel exits."""
     dest = os.fspath(dest)
     if not dest.endswith(".json"):
         raise ValueError(f"dest must be a .json file path (Perfetto and chrome://tracing open JSON traces), got {dest!r}")
-    folder = os.path.dirname(dest)
-    if folder:
-        os.makedirs(folder, exist_ok=True)
+    if not os.path.dirname(dest):
+        dest = os.path.join(traces_folder(), dest)
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
     shutil.move(os.fspath(trace_path), dest)
     return dest
 

@@ -95,3 +95,12 @@ def test_link_is_clickable_says_how_to_open_and_stores_no_absolute_path(tmp_path
     shown = traces.link(kept)
     assert "<a href='traces/x_ring.json'" in shown._repr_html_() and "https://ui.perfetto.dev" in shown._repr_html_()
     assert repr(shown).startswith("traces/x_ring.json (") and str(tmp_path) not in repr(shown)
+
+
+def test_keep_puts_a_bare_name_in_the_traces_folder(tmp_path, trace, monkeypatch):
+    monkeypatch.setenv("WORKBOOK_TRACES", str(tmp_path / "kept"))
+    assert traces.keep(trace, "p07_ring.json") == str(tmp_path / "kept" / "p07_ring.json")
+    assert (tmp_path / "kept" / "p07_ring.json").is_file()
+    monkeypatch.delenv("WORKBOOK_TRACES")
+    monkeypatch.chdir(tmp_path)
+    assert traces.traces_folder() == ".traces"  # hidden beside the notebook: not in the file list

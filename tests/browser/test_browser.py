@@ -159,6 +159,10 @@ def lab(tmp_path_factory):
     settings.mkdir(parents=True)
     # no "Would you like to get notified about official Jupyter news?" prompt over the notebook
     (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false", "checkForUpdates": false}')
+    # JupyterLab saves a file by rewriting it in place: it serves a copy, so that no other test
+    # (another pytest worker reads every notebook) sees a notebook half-written (issue 23)
+    served = tmp / "notebooks"
+    shutil.copytree(NOTEBOOKS, served, ignore=shutil.ignore_patterns(".ipynb_checkpoints", ".traces"))
     port, token = _free_port(), secrets.token_hex(16)
     # the user's own ~/.jupyter and ~/.local/share/jupyter (settings, kernels, extensions) stay out
     env = dict(os.environ, JUPYTERLAB_SETTINGS_DIR=str(tmp / "settings"), JUPYTER_CONFIG_DIR=str(tmp / "config"),
@@ -169,9 +173,8 @@ def lab(tmp_path_factory):
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
             [str(ROOT / "workbook"), "lab", "--no-browser", "--allow-root", "--ServerApp.ip=127.0.0.1",
-             f"--ServerApp.port={port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
+             f"--notebook-dir={served}", f"--ServerApp.port={port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
              "--LabApp.expose_app_in_browser=True", "--LabApp.news_url=None",
-             # saving makes a checkpoint copy: keep it out of notebooks/ (tests read every .ipynb there)
              f"--FileCheckpoints.checkpoint_dir={tmp / 'checkpoints'}"],
             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -187,7 +190,7 @@ def lab(tmp_path_factory):
                 if time.monotonic() > deadline:
                     pytest.fail(f"JupyterLab did not answer within 90 s:\n{log_path.read_text()[-3000:]}")
                 time.sleep(0.3)
-        yield {"url": url, "token": token, "log": log_path}
+        yield {"url": url, "token": token, "log": log_path, "root": served}
     finally:
         os.killpg(proc.pid, signal.SIGTERM)  # the server shuts its kernels down on SIGTERM
         try:
@@ -364,9 +367,11 @@ WITH_CONTROLS = notebooks_with_controls()
 @pytest.mark.parametrize("path", WITH_CONTROLS, ids=[p.stem for p in WITH_CONTROLS])
 def test_notebook_in_the_browser(page, lab, path):
     nb = json.loads(path.read_text())
-    before = path.read_bytes()
-    controls, need = control_cells(nb)
     rel = path.relative_to(NOTEBOOKS).as_posix()
+    path = lab["root"] / rel  # the served copy: the checks below are on the file JupyterLab writes
+    before = path.read_bytes()
+    assert before == (NOTEBOOKS / rel).read_bytes(), f"{rel}: the served copy differs from the notebook"
+    controls, need = control_cells(nb)
     if FULL:
         page.last_serial = -1  # a fresh kernel numbers its controls from 0
     opened = time.monotonic()

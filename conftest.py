@@ -1,0 +1,129 @@
+"""Suite-wide guards, for every test and every notebook that pytest collects.
+
+* **Nothing written inside the checkout.** A test that writes into the working tree can be read
+  mid-write by another worker (issue 23: the browser test's saves made a notebook read as an empty
+  file). The controller notes the size and modification time of every file in the checkout, tracked,
+  untracked and ignored (except ``.venv/``, ``__pycache__/`` and ``*.egg-info/``, which the
+  environment writes), before the first test and after the last; any difference fails the run and
+  is named.
+* **Traces outside the checkout.** The notebooks keep their profiler traces with
+  ``helpers.traces.keep``; under the suite they go to a temporary folder (``WORKBOOK_TRACES``),
+  which the kernels nbval starts inherit.
+* ``WORKBOOK_TEST_TIMELINE=FILE`` appends one JSON line per test (worker, id, start, end, in
+  seconds since the epoch) for profiling the suite's schedule; ``benchmarks/suite_timeline.py``
+  reads it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent
+SKIP_PARTS = {".venv", "__pycache__", ".git"}
+_TIMELINE = os.environ.get("WORKBOOK_TEST_TIMELINE")
+_starts: dict[str, float] = {}
+
+
+def _is_controller(config) -> bool:
+    return not hasattr(config, "workerinput")
+
+
+def _git_files(root: Path, *args: str) -> list[str]:
+    out = subprocess.run(["git", "ls-files", "-z", *args], cwd=root, capture_output=True, text=True, check=True)
+    return [p for p in out.stdout.split("\0") if p]
+
+
+def _files_under(path: Path):
+    if not path.is_dir():
+        yield path
+        return
+    for folder, dirs, files in os.walk(path):
+        dirs[:] = [d for d in dirs if d not in SKIP_PARTS]
+        yield from (Path(folder) / f for f in files)
+
+
+def checkout_snapshot(root: Path = ROOT) -> dict[str, tuple[int, int]] | None:
+    """``{path: (size, mtime_ns)}`` of every file of the checkout but the environment's, or None
+    outside a git checkout."""
+    if not (root / ".git").exists() or shutil.which("git") is None:
+        return None
+    listed = _git_files(root) + _git_files(root, "--others", "--exclude-standard")
+    listed += _git_files(root, "--others", "--ignored", "--exclude-standard", "--directory")
+    snap: dict[str, tuple[int, int]] = {}
+    for rel in listed:
+        parts = set(Path(rel).parts)
+        if parts & SKIP_PARTS or any(p.endswith(".egg-info") for p in parts):
+            continue
+        for f in _files_under(root / rel):
+            try:
+                st = f.stat()
+            except FileNotFoundError:  # a tracked file deleted in the working tree
+                continue
+            snap[f.relative_to(root).as_posix()] = (st.st_size, st.st_mtime_ns)
+    return snap
+
+
+def changed_paths(before: dict, after: dict) -> list[str]:
+    return sorted(p for p in before.keys() | after.keys() if before.get(p) != after.get(p))
+
+
+def pytest_configure(config):
+    if _is_controller(config):
+        config._checkout_before = checkout_snapshot()
+        # one folder for every worker's (and kernel's) kept traces, removed at the end
+        if "WORKBOOK_TRACES" not in os.environ:
+            config._traces_dir = tempfile.mkdtemp(prefix="workbook-traces-")
+            os.environ["WORKBOOK_TRACES"] = config._traces_dir  # xdist's workers inherit it
+
+
+def pytest_runtest_logstart(nodeid, location):
+    if _TIMELINE:
+        _starts[nodeid] = time.time()
+
+
+def pytest_runtest_logfinish(nodeid, location):
+    if _TIMELINE and nodeid in _starts:
+        row = {"worker": os.environ.get("PYTEST_XDIST_WORKER", "main"), "id": nodeid,
+               "start": _starts.pop(nodeid), "end": time.time()}
+        with open(_TIMELINE, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session, exitstatus):
+    config = session.config
+    if not _is_controller(config):
+        return
+    folder = getattr(config, "_traces_dir", None)
+    if folder:
+        shutil.rmtree(folder, ignore_errors=True)
+    before = getattr(config, "_checkout_before", None)
+    if before is None:
+        return
+    config._checkout_changed = changed_paths(before, checkout_snapshot() or {})
+    if config._checkout_changed and session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if not _is_controller(config):
+        return
+    if getattr(config, "_checkout_before", 0) is None:
+        terminalreporter.write_line("checkout guard off: not a git checkout (nothing compared)")
+        return
+    changed = getattr(config, "_checkout_changed", [])
+    if changed:
+        terminalreporter.write_sep("=", "the suite wrote inside the checkout", red=True)
+        terminalreporter.write_line("No test may write into the working tree (a worker can read a file mid-write).")
+        terminalreporter.write_line("Created, changed or removed while the suite ran:")
+        for p in changed[:50]:
+            terminalreporter.write_line(f"  {p}")
+        if len(changed) > 50:
+            terminalreporter.write_line(f"  ... and {len(changed) - 50} more")
