@@ -229,6 +229,153 @@ MUTATIONS = [
     M("data-parallel-ddp-scale", "helpers/data_parallel.py", "scale = world * sizes[rank] / batch if weighted else 1.0",
       "scale = sizes[rank] / batch if weighted else 1.0", "tests/test_data_parallel.py -k ddp_equals",
       "DDP's loss scale for unequal shards without the world size"),
+    # ==== designed by a reviewer who had not seen the tests (issue 23, point 4) ====================
+
+    # ---- area 1, the fake world: micro-batches, extrapolation, memory categories, mesh axes, FLOPs ----
+    # fake world: the 1F1B warm-up traced one forward too long (stage s then holds PP - s + 1 micro-batches)
+    M("fake-world-warmup", "helpers/fake_world.py", "    return min(layout.pp - stage_index - 1, m)",
+      "    return min(layout.pp - stage_index, m)", "tests/test_fake_world.py",
+      "the fake world's 1F1B warm-up one forward too long: every stage's activation peak one micro-batch high"),
+    # fake world: the steady iterations not traced are copied from the first one (with the one-time weight gather)
+    M("fake-world-steady-copy-first", "helpers/fake_world.py",
+      'a, b = r["marks"][idx[("F", warm + 1)]], r["marks"][idx[("F", warm + 2)]]',
+      'a, b = r["marks"][idx[("F", warm)]], r["marks"][idx[("F", warm + 1)]]', "tests/test_fake_world.py",
+      "untraced micro-batches repeat the first steady one, whose ZeRO-1/2 weight all-gather happens once per step"),
+    # fake world: per-layer extrapolation off by one layer
+    M("fake-world-line-off-by-one", "helpers/fake_world.py", "    v = a + (x - x0) * (b - a)",
+      "    v = a + (x - x0 - 1) * (b - a)", "tests/test_fake_world.py",
+      "trace_layers extrapolation lands one layer short: memory, collectives and FLOPs of L - 1 layers"),
+    # fake step: ZeRO-1 reduce-scatters every micro-batch (ZeRO-2's traffic and memory)
+    M("fake-step-zero1-sync-every-microbatch", "helpers/fake_step.py",
+      "        if zero in (0, 1):\n            stage.set_requires_gradient_sync(i == m - 1)",
+      "        if zero == 0:\n            stage.set_requires_gradient_sync(i == m - 1)", "tests/test_fake_world.py",
+      "ZeRO-1 in PyTorch's code reduce-scatters per micro-batch: m times the gradient traffic of 12.4.1's ZeRO-1"),
+    # fake step: ZeRO shards over DP only, not over the DP x CP ranks that hold the same weights
+    M("fake-step-shard-over-dp-only", "helpers/fake_step.py",
+      'return mesh, (mesh["dp", "cp"]._flatten("dp_cp") if layout.cp > 1 else mesh["dp"])',
+      'return mesh, mesh["dp"]', "tests/test_fake_world.py",
+      "CP ranks never synchronise (or shard) their gradients: 12.3.2/12.4.2's model state CP x too large, no dp_cp traffic"),
+    # fake step: attention's backward FLOPs counted with the forward formula
+    M("fake-step-sdpa-backward-flops", "helpers/fake_step.py",
+      "        return sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)",
+      "        return sdpa_flop_count(query_shape, key_shape, value_shape)", "tests/test_fake_world.py",
+      "the CPU attention kernel's backward counted as a forward: the 12 L s h attention FLOPs come out low"),
+    # llama model: every MLP gated (the GPT-style 7.5B/13B/40B/100B get a third matrix)
+    M("llama-mlp-always-gated", "helpers/llama_model.py",
+      "self.feed_forward = FeedForward(model.hidden, model.ffn, model.mlp_matrices == 3)",
+      "self.feed_forward = FeedForward(model.hidden, model.ffn, model.mlp_matrices > 1)", "tests/test_fake_world.py",
+      "a 2-matrix GeLU MLP built as SwiGLU: 50% more MLP weights than the planner counts"),
+    # llama model: the MLP's dropout mask missing
+    M("llama-ffn-dropout-missing", "helpers/llama_model.py",
+      "self.ffn_dropout = Dropout(DROPOUT_P) if dropout else nn.Identity()",
+      "self.ffn_dropout = nn.Identity()", "tests/test_fake_world.py",
+      "12.3.1's dropout case keeps one 1-byte mask per layer instead of two: activations 1 sbh short of 34 sbh"),
+    # ---- area 2, the planner's schedules and ZeRO arithmetic ----------------------------------------
+    # planner: ZeRO shards over DP only in the memory model (the CP ranks hold the same weights)
+    M("planner-zero-over-dp-only", "helpers/planner_assess.py",
+      "    d = L.dp * L.cp\n    state = per_device_bytes(dense_dev, d, L.zero, rules.precision)",
+      "    d = L.dp\n    state = per_device_bytes(dense_dev, d, L.zero, rules.precision)", "tests/test_planner.py",
+      "with CP the planner shards model state over DP alone: 12.4.2's 128K layout CP x too heavy"),
+    # planner: full recomputation does not repeat the forward's TP all-reduces
+    M("planner-recompute-tp-comm", "helpers/planner_assess.py",
+      'tp = (6 if L.recompute == "full" else 4) * lps * m * per', "tp = 4 * lps * m * per", "tests/test_planner.py",
+      "recomputing a layer's forward costs no TP communication: full recomputation looks cheaper than it is"),
+    # planner: the DP all-reduce hidden behind the backward of every micro-batch, not of the last one
+    M("planner-dp-window-all-microbatches", "helpers/planner_assess.py",
+      "window = compute if L.zero == 3 else compute * 2 / 3 / m", "window = compute if L.zero == 3 else compute * 2 / 3",
+      "tests/test_planner.py", "ZeRO 0-2's gradient sync overlapped with all backward passes: exposed DP time vanishes"),
+    # planner: gradient accumulation keeps every micro-batch's activations
+    M("planner-grad-accum-in-flight", "helpers/planner_assess.py",
+      "        layer_units = lps  # gradient accumulation runs micro-batches one after another",
+      "        layer_units = m * lps  # every accumulated micro-batch kept", "tests/test_planner.py tests/test_memory_zero.py",
+      "without a pipeline, activations charged m times over: gradient accumulation looks like it costs memory"),
+    # planner recipes: P.15's step 4b judges the bubble with 12.2.2's definition
+    M("planner-recipe-bubble-definition", "helpers/planner_recipes.py", "            bubble = bubble_formula(p, a.m)\n",
+      '            bubble = bubble_formula(p, a.m, definition="useful")\n', "tests/test_planner.py",
+      "the decision sequence's (p-1)/(m+p-1) check computed as (p-1)/m"),
+    # pipeline schedule: ZB-H1's activations released at B, not when the deferred W has run
+    M("schedule-zb-release-at-b", "helpers/pipeline_schedule.py", 'release = "W" if self.split_backward else "B"',
+      'release = "B"', "tests/test_pipeline_schedule.py",
+      "deferring W looks free: ZB-H1's peak in-flight count equals 1F1B's although W still needs the activations"),
+    # pipeline schedule: a hand-off charged between two ops on the same device
+    M("schedule-comm-same-device", "helpers/pipeline_schedule.py", "end[n] + (comm if n[1] != d else 0) for n in need",
+      "end[n] + comm for n in need", "tests/test_pipeline_schedule.py",
+      "the last stage pays a send between its own forward and backward: makespans with comm > 0 too long"),
+    # pipeline schedule: the smallest m stops one too late when the target is met exactly
+    M("schedule-min-microbatches-boundary", "helpers/pipeline_schedule.py",
+      "    while bubble_formula(p, m, 1, definition) > target:", "    while bubble_formula(p, m, 1, definition) >= target:",
+      "tests/test_pipeline_schedule.py", "'at most 10%' read as 'under 10%': p = 8 gives m = 64, not 63"),
+    # zero_numpy: Adam with L2 regularisation instead of AdamW's decoupled weight decay
+    M("zero-numpy-adam-l2-decay", "helpers/zero_numpy.py",
+      "    p = p * (1 - lr * weight_decay)\n    m = b1 * m + (1 - b1) * g",
+      "    g = g + weight_decay * p\n    m = b1 * m + (1 - b1) * g", "tests/test_zero.py -k adamw_numpy",
+      "the numpy 'AdamW' is Adam + L2: the decay goes through the moments, unlike PyTorch's AdamW"),
+    # memory: the fewest devices under ZeRO-2 treats the gradients as unsharded
+    M("memory-min-world-stage2-grads", "helpers/memory.py", "(b.gradients if zero_stage < 2 else 0)",
+      "(b.gradients if zero_stage < 3 else 0)", "tests/test_memory_zero.py tests/test_memory.py",
+      "12.1.2's fewest devices under stage 2 overestimated (13B: 20 instead of 6), or None where it fits"),
+    # memory: the optimizer's step counters measured as moments
+    M("memory-step-counter-as-moment", "helpers/memory.py", '(counters if k == "step" else moments).append(v)',
+      "moments.append(v)", "tests/test_memory.py",
+      "measured moments exceed 8 bytes per parameter by Adam's step counters: measurement and model disagree"),
+    # ---- area 3, the exercise checks ----------------------------------------------------------------
+    # P.9 exercise 2: the expected m computed with a strict inequality
+    M("exercise-p09-bubble-boundary", "helpers/exercises/p09.py",
+      '    while bubble_formula(8, m, definition="total") > Fraction(1, 10):',
+      '    while bubble_formula(8, m, definition="total") >= Fraction(1, 10):', "tests/test_exercise_shortcuts.py",
+      "the check rejects the right m = 63 (7/70 is exactly 10%) and accepts 64"),
+    # 12.2.2 exercise 1: utilisation expected from the idle/useful bubble
+    M("exercise-12-2-2-utilisation-definition", "helpers/exercises/c12_2_2.py",
+      'check_number(answer, 1 - float(bubble_formula(16, 48, definition="total")),',
+      'check_number(answer, 1 - float(bubble_formula(16, 48, definition="useful")),', "tests/test_exercise_shortcuts.py",
+      "the check accepts 1 - (p-1)/m, the very mistake its hint warns about, and rejects the right 48/63"),
+    # P.6 exercise 2: the loss scale without the world size
+    M("exercise-p06-loss-scale", "helpers/exercises/p06.py", "check_number(answer, 4 * 20 / 32,",
+      "check_number(answer, 20 / 32,", "tests/test_exercise_shortcuts.py",
+      "the check accepts n_k/B as DDP's loss scale, which DDP's averaging then divides by the world size"),
+    # check_run: only rank 0's communication log is read
+    M("exercise-check-run-rank0-only", "helpers/exercises/__init__.py", "            got = run.count(op, r)\n",
+      "            got = run.count(op, 0)\n", "tests/test_exercise_shortcuts.py",
+      "a run in which only rank 0 communicated (e.g. over a group of one) passes every 'on the ranks' check"),
+    # check_pipeline_order: the steps compared as a multiset, not in order
+    M("exercise-pipeline-order-multiset", "helpers/exercises/__init__.py",
+      "        if got == simulated_order(schedule, p, m, stage) * repeats:\n            continue",
+      "        if sorted(got) == sorted(simulated_order(schedule, p, m, stage) * repeats):\n            continue",
+      "tests/test_exercise_shortcuts.py", "a GPipe run accepted as 1F1B (and the reverse): P.9's memory ratio from two GPipe runs passes"),
+    # P.1 exercise 3: the contiguity test of a block split can never fire
+    M("exercise-p01-block-split", "helpers/exercises/p01.py", "        if cs[-1] - cs[0] + 1 != len(cs):",
+      "        if cs[-1] - cs[0] + 1 < len(cs):", "tests/test_exercise_shortcuts.py",
+      "a round-robin split accepted as the block split the exercise asks for"),
+    # ---- area 4, the claims ledger's own rules ------------------------------------------------------
+    # claims: a not-demonstrable verdict without its reasoning accepted
+    M("claims-not-demonstrable-needs-why", "helpers/claims.py",
+      '        if row["verdict"] != "correct" and not row["why"].strip():',
+      '        if row["verdict"] in ERRATA_VERDICTS and not row["why"].strip():', "tests/test_claims.py",
+      "a claim marked not-demonstrable with no word on why or what the notebook shows instead"),
+    # claims: rounding rows left out of the errata
+    M("claims-errata-without-rounding", "helpers/claims.py",
+      'ERRATA_VERDICTS = ("wrong", "inconsistent", "ambiguous", "rounding")',
+      'ERRATA_VERDICTS = ("wrong", "inconsistent", "ambiguous")', "tests/test_claims.py tests/test_errata_and_env.py",
+      "the errata tables silently drop every 'right only up to the book's rounding' row"),
+    # claims: an id repeated twice passes the uniqueness check
+    M("claims-duplicate-id", "helpers/claims.py", "if k > 1)", "if k > 2)", "tests/test_claims.py",
+      "two ledger rows with one id (one overwriting the other wherever rows are keyed by id)"),
+    # claims: the README's 'found only by the second audit' counts rows both audits found
+    M("claims-readme-second-only", "helpers/claims.py", 'second = sum(r["found_by"] == "second" for r in rs)',
+      'second = sum(r["found_by"] != "first" for r in rs)', "tests/test_claims.py",
+      "the README credits the second audit alone with claims both audits found"),
+    # claims: '12.2.1-A17, A18' cites only A17
+    M("claims-audit-ref-continuation", "helpers/claims.py",
+      '\n        out.update(f"{m.group(1)}-A{n}" for n in re.findall(r"A(\\d+)", m.group(3)))', "",
+      "tests/test_claims.py", "a row citing several audit ids counts only the first: the reconciliation reports false gaps"),
+    # claims: headings read from code cells too (a comment '# ...' counts as a heading)
+    M("claims-headings-from-code-cells", "helpers/claims.py",
+      '        if c["cell_type"] != "markdown":\n            continue\n', "", "tests/test_claims.py",
+      "a 'where' naming a code comment passes the where-link check although no heading shows the claim"),
+    # errata: the 'computed' column shows the book's value
+    M("errata-computed-is-book", "helpers/errata.py", 'out["computed_value"] = row["our_value"]',
+      'out["computed_value"] = row["book_value"]', "tests/test_errata_and_env.py tests/test_claims.py",
+      "every erratum shows the book's number as the corrected one"),
 ]
 
 
