@@ -203,6 +203,7 @@ class Pool:
         # took 4.5 s to fail on fresh workers, over 10 s on a loaded two-core machine).
         ctx.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "cloudpickle", "helpers.worker"])
         _start_forkserver()
+        _hook_kernel_shutdown()
         self.ctx = ctx
 
     def grow(self, n: int, deadline: float):
@@ -303,6 +304,55 @@ def shutdown():
     """End the kernel's worker processes (the next launch starts new ones). Interrupt-safe."""
     with Interrupts() as guard, guard.held():
         discard_pool()
+
+
+def _stop_multiprocessing_servers():
+    """Stop multiprocessing's forkserver and resource tracker and reap them (Python 3.11-3.13's
+    private ``_stop``; absent elsewhere, then nothing is done)."""
+    from multiprocessing import forkserver, resource_tracker
+
+    for server in (getattr(forkserver, "_forkserver", None), getattr(resource_tracker, "_resource_tracker", None)):
+        try:
+            server._stop()
+        except Exception:  # not started, already stopped, or another Python's internals
+            pass
+
+
+def _at_kernel_shutdown():
+    """End everything the launcher started and remove the kernel's folder."""
+    shutdown()
+    _stop_multiprocessing_servers()
+    if _KERNEL_DIR is not None:
+        shutil.rmtree(_KERNEL_DIR, ignore_errors=True)
+
+
+def _hook_kernel_shutdown():
+    """In a Jupyter kernel, run :func:`_at_kernel_shutdown` when the kernel is asked to shut down.
+
+    ipykernel then signals every child process of its group and waits until none is left, before
+    its exit handlers run: the resource tracker ignores SIGTERM and the forkserver, once ended, stays
+    an unreaped zombie, so the kernel waited out its 14 s of retries, was killed by the server
+    first, and the launcher folder outlived it. Ending them first lets the kernel exit at once.
+    """
+    try:
+        from IPython import get_ipython
+
+        kernel = getattr(get_ipython(), "kernel", None)
+    except Exception:
+        return
+    if kernel is None or getattr(kernel, "_helpers_shutdown_hooked", False):
+        return
+    original = kernel.do_shutdown
+
+    def do_shutdown(restart, *args, **kwargs):
+        try:
+            _at_kernel_shutdown()
+        except Exception:
+            pass
+        return original(restart, *args, **kwargs)
+
+    kernel.do_shutdown = do_shutdown
+    kernel._helpers_shutdown_hooked = True
 
 
 atexit.register(shutdown)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ast
 import base64
+import contextlib
 import io
 import json
 import os
@@ -150,31 +151,27 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory):
-    """`./workbook lab` (the student's command) on 127.0.0.1, a random port, a token."""
-    _ensure_tools()
-    tmp = tmp_path_factory.mktemp("lab")
+@contextlib.contextmanager
+def start_lab(tmp: Path, args=(), env_extra=None):
+    """``./workbook lab ARGS`` on 127.0.0.1, a random port and token, with the user's own Jupyter
+    settings, kernels and extensions kept out; yields its url, token and log."""
     settings = tmp / "settings" / "@jupyterlab" / "apputils-extension"
     settings.mkdir(parents=True)
     # no "Would you like to get notified about official Jupyter news?" prompt over the notebook
     (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false", "checkForUpdates": false}')
-    # JupyterLab saves a file by rewriting it in place: it serves a copy, so that no other test
-    # (another pytest worker reads every notebook) sees a notebook half-written (issue 23)
-    served = tmp / "notebooks"
-    shutil.copytree(NOTEBOOKS, served, ignore=shutil.ignore_patterns(".ipynb_checkpoints", ".traces"))
     port, token = _free_port(), secrets.token_hex(16)
     # the user's own ~/.jupyter and ~/.local/share/jupyter (settings, kernels, extensions) stay out
     env = dict(os.environ, JUPYTERLAB_SETTINGS_DIR=str(tmp / "settings"), JUPYTER_CONFIG_DIR=str(tmp / "config"),
                JUPYTER_DATA_DIR=str(tmp / "data"), JUPYTERLAB_WORKSPACES_DIR=str(tmp / "workspaces"),
-               JUPYTER_RUNTIME_DIR=str(tmp / "runtime"))
+               JUPYTER_RUNTIME_DIR=str(tmp / "runtime"), **(env_extra or {}))
     env.pop("PYTEST_CURRENT_TEST", None)  # kernels behave as for a student (output capture on)
     log_path = tmp / "server.log"
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
-            [str(ROOT / "workbook"), "lab", "--no-browser", "--allow-root", "--ServerApp.ip=127.0.0.1",
-             f"--notebook-dir={served}", f"--ServerApp.port={port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
+            [str(ROOT / "workbook"), "lab", *args, "--no-browser", "--allow-root", "--ServerApp.ip=127.0.0.1",
+             f"--ServerApp.port={port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
              "--LabApp.expose_app_in_browser=True", "--LabApp.news_url=None",
+             # saving makes a checkpoint copy: keep it out of the served folder
              f"--FileCheckpoints.checkpoint_dir={tmp / 'checkpoints'}"],
             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -190,7 +187,7 @@ def lab(tmp_path_factory):
                 if time.monotonic() > deadline:
                     pytest.fail(f"JupyterLab did not answer within 90 s:\n{log_path.read_text()[-3000:]}")
                 time.sleep(0.3)
-        yield {"url": url, "token": token, "log": log_path, "root": served}
+        yield {"url": url, "token": token, "log": log_path}
     finally:
         os.killpg(proc.pid, signal.SIGTERM)  # the server shuts its kernels down on SIGTERM
         try:
@@ -198,6 +195,20 @@ def lab(tmp_path_factory):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """The student's JupyterLab (`./workbook lab`, nbgrader's extensions off) serving a copy of the
+    instructor notebooks, whose controls these tests run."""
+    _ensure_tools()
+    tmp = tmp_path_factory.mktemp("lab")
+    # JupyterLab saves a file by rewriting it in place: it serves a copy, so that no other test
+    # (another pytest worker reads every notebook) sees a notebook half-written (issue 23)
+    served = tmp / "notebooks"
+    shutil.copytree(NOTEBOOKS, served, ignore=shutil.ignore_patterns(".ipynb_checkpoints", ".traces"))
+    with start_lab(tmp, [f"--notebook-dir={served}"]) as server:
+        yield dict(server, root=served)
 
 
 @pytest.fixture(scope="module")
@@ -457,3 +468,113 @@ def test_notebook_in_the_browser(page, lab, path):
     assert not errors, f"{rel}: console errors:\n" + "\n".join(errors)
     server_errors = [line for line in lab["log"].read_text().splitlines() if line.startswith("[E ")]
     assert not server_errors, "errors in the server log:\n" + "\n".join(server_errors)
+
+
+# ---- the two editions, and a notebook reopened after a save ------------------------------------
+
+SOURCES = "() => window.__wb.content.widgets.map(c => c.model.sharedModel.getSource())"
+
+
+def _solution_lines(path: Path) -> list[str]:
+    """The instructor's solution lines of a notebook that occur nowhere else in it (and have 12
+    characters or more): what only a solution shows."""
+    from helpers import student
+
+    nb = json.loads(path.read_text())
+    lines, elsewhere = [], []
+    for cell in nb["cells"]:
+        src = "".join(cell["source"])
+        if student.BEGIN in src:
+            head, _, rest = src.partition(student.BEGIN)
+            body, _, tail = rest.partition(student.END)
+            lines += [ln.strip() for ln in body.splitlines() if len(ln.strip()) >= 12]
+            elsewhere.append(head + tail)
+        else:
+            elsewhere.append(src)
+    others = "\n".join(elsewhere)
+    return [ln for ln in lines if ln not in others]
+
+
+def _get(server, path: str) -> dict:
+    with urllib.request.urlopen(f"{server['url']}/api/contents/{path}?token={server['token']}", timeout=30) as r:
+        return json.loads(r.read())
+
+
+def test_a_student_gets_the_student_edition_built_on_first_use(page, tmp_path):
+    from helpers import student
+
+    edition = tmp_path / "student"
+    rel = "p_parallel_processing/p06_data_parallelism.ipynb"
+    solutions = _solution_lines(NOTEBOOKS / rel)
+    assert len(solutions) >= 3
+    with start_lab(tmp_path / "lab", [], {"WORKBOOK_STUDENT_DIR": str(edition)}) as server:
+        assert "building the student edition" in server["log"].read_text()
+        listing = sorted(c["name"] for c in _get(server, "")["content"])
+        assert listing == sorted(p.name for p in NOTEBOOKS.iterdir() if p.is_dir()), listing
+        served = json.dumps(_get(server, rel)["content"])
+        assert student.BEGIN not in served and student.STUB.strip() in served
+        pg = page.context.browser.new_page(viewport=VIEWPORT)
+        try:
+            errors = []
+            pg.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            pg.goto(f"{server['url']}/lab?token={server['token']}&reset")
+            pg.wait_for_function("window.jupyterapp !== undefined", timeout=90_000)
+            pg.evaluate("window.jupyterapp.restored")
+            pg.wait_for_selector(".jp-DirListing-itemText", timeout=30_000)
+            shown = pg.locator(".jp-DirListing-itemText").all_inner_texts()
+            assert "p_parallel_processing" in shown and "c12_parallelism_strategies" in shown, shown
+            pg.evaluate(OPEN, [rel, None])
+            pg.wait_for_function(KERNEL_READY, timeout=90_000, polling=200)
+            sources = pg.evaluate(SOURCES)
+            assert any(student.STUB.strip() in s for s in sources)
+            text = pg.locator(".jp-NotebookPanel:not(.lm-mod-hidden)").inner_text()
+            leaked = [ln for ln in solutions if any(ln in s for s in sources) or ln in text]
+            assert not leaked, f"the student's JupyterLab shows solution lines: {leaked[:3]}"
+            assert not errors, errors
+            # (closing cancels JupyterLab's pending debugger-state request, a console error of its own)
+            pg.evaluate(CLOSE, False)
+        finally:
+            pg.close()
+
+
+def test_a_teacher_gets_the_instructor_edition_with_nbgrader(tmp_path):
+    from helpers import student
+
+    _ensure_tools()
+    with start_lab(tmp_path / "lab", ["--teacher"]) as server:
+        listing = sorted(c["name"] for c in _get(server, "")["content"])
+        assert listing == sorted(p.name for p in NOTEBOOKS.iterdir() if p.is_dir()), listing
+        assert student.BEGIN in json.dumps(_get(server, "p_parallel_processing/p06_data_parallelism.ipynb")["content"])
+        with urllib.request.urlopen(f"{server['url']}/formgrader?token={server['token']}", timeout=30) as r:
+            assert r.status == 200  # nbgrader's server extension answers (it is off for students)
+
+
+def test_a_saved_notebook_reopens_with_working_controls(page, lab):
+    """Autosave of a notebook whose controls ran used to store live widget views, which show
+    "Error displaying widget: model not found" on reopening (issue 25, point 8)."""
+    rel = "p_parallel_processing/p04_amdahl.ipynb"
+    path = lab["root"] / rel
+    controls, need = control_cells(json.loads(path.read_text()))
+    page.evaluate(OPEN, [rel, None])
+    page.wait_for_function(KERNEL_READY, timeout=90_000, polling=200)
+    page.evaluate(RUN_CELLS, need)
+    page.wait_for_function(RAN, arg=need, timeout=180_000, polling=300)
+    _wait(lambda: page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .widget-inline-hbox").count() > 0, 30)
+    page.evaluate("async () => { await window.__wb.context.save(); }")  # what autosave does
+    stored = json.loads(path.read_text())
+    assert not any("application/vnd.jupyter.widget-view+json" in (o.get("data") or {})
+                   for c in stored["cells"] for o in c.get("outputs", [])), "the save stored a live widget view"
+    page.evaluate(CLOSE, True)
+    page.evaluate(OPEN, [rel, None])
+    page.wait_for_function(KERNEL_READY, timeout=90_000, polling=200)
+    panel = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden)")
+    text = " ".join(panel.locator(".jp-OutputArea").all_text_contents())
+    assert "Error displaying widget" not in text and "Run this cell to get the controls" in text
+    page.evaluate(RUN_CELLS, need)
+    page.wait_for_function(RAN, arg=need, timeout=180_000, polling=300)
+    _wait(lambda: panel.locator(".widget-inline-hbox").count() > 0, 30)
+    for i in controls:
+        assert _cell_node(page, i).locator(".jp-OutputArea .widget-inline-hbox").count() >= 1, f"cell {i}: no controls"
+    assert "Error displaying widget" not in " ".join(panel.locator(".jp-OutputArea").all_text_contents())
+    page.evaluate(CLOSE, True)
+    page.console_errors.clear()
