@@ -31,6 +31,11 @@ def resolve(target: str):
     return fn
 
 
+def pick_backend(gpus: int, local_world: int) -> str:
+    """NCCL when every local rank has a GPU of its own, gloo otherwise (what :func:`main` picks)."""
+    return "nccl" if gpus >= local_world and gpus > 0 else "gloo"
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("target", help="module:function to run on every rank")
@@ -48,7 +53,7 @@ def main(argv=None):
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    backend = args.backend or ("nccl" if gpus >= local_world else "gloo")
+    backend = args.backend or pick_backend(gpus, local_world)
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
     worker.set_device("cuda" if backend == "nccl" else "cpu", local_rank)
