@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import html
 import json
 import os
 import re
@@ -384,6 +383,36 @@ def write_source(src: Path) -> list[str]:
            + "  - caption: Errata\n    chapters:\n      - file: errata\n")
     (src / "_toc.yml").write_text(toc, encoding="utf-8")
     return list(pages.values())
+
+
+def toolchain_missing() -> str | None:
+    """What of the site toolchain this environment lacks (None when it has all of it)."""
+    from importlib import metadata
+
+    for name in ("jupyter-book", "myst-nb", "sphinx-mathjax-offline"):
+        try:
+            metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            return name
+    return None
+
+
+def ensure_toolchain() -> str | None:
+    """Install ``docs/site/requirements.txt`` into this environment when something is missing
+    (what the tests do; ``./workbook site`` does it in bash). One install at a time: a lock in the
+    environment, since the suite runs test files side by side. Returns what is still missing."""
+    import fcntl
+    import importlib
+
+    if toolchain_missing() is None:
+        return None
+    with open(Path(sys.prefix) / ".workbook-site-install.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if toolchain_missing() is not None:
+            subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-r", str(REQUIREMENTS)],
+                           capture_output=True)
+            importlib.invalidate_caches()
+    return toolchain_missing()
 
 
 def remote_loads(html_dir: Path) -> list[str]:

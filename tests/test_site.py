@@ -15,16 +15,12 @@ ROOT = Path(__file__).resolve().parent.parent
 P1 = ROOT / "notebooks" / "p_parallel_processing" / "p01_work_and_span.ipynb"
 
 
-def _have_myst() -> bool:
-    try:
-        import myst_parser  # noqa: F401
-        return True
-    except ImportError:
-        return False
-
-
-needs_myst = pytest.mark.skipif(not _have_myst(),
-                                reason="site toolchain not installed (docs/site/requirements.txt)")
+@pytest.fixture
+def toolchain():
+    """The site toolchain, installed when missing (as the browser test and ./workbook site do)."""
+    missing = site.ensure_toolchain()
+    if missing:
+        pytest.skip(f"no site toolchain: {missing} missing after pip install -r docs/site/requirements.txt")
 
 
 def _rows_with(tmp_path, spoil):
@@ -83,8 +79,7 @@ def test_it_refuses_to_replace_a_folder_it_did_not_build(tmp_path):
     assert exc.value.code == 2
 
 
-@needs_myst
-def test_a_failed_build_leaves_the_old_site(tmp_path, monkeypatch):
+def test_a_failed_build_leaves_the_old_site(tmp_path, monkeypatch, toolchain):
     out = tmp_path / "site"
     out.mkdir()
     (out / site.MARKER).write_text("")
@@ -100,8 +95,7 @@ def test_a_failed_build_leaves_the_old_site(tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["site"]
 
 
-@needs_myst
-def test_headings_get_myst_anchors_and_links_between_notebooks_follow():
+def test_headings_get_myst_anchors_and_links_between_notebooks_follow(toolchain):
     nb = {"cells": [{"cell_type": "markdown", "source": "# P.9 Title\n\n## 1. The `1F1B` schedule\n"},
                     {"cell_type": "markdown", "source": "## 1. The `1F1B` schedule\n### Why $p-1$?"}]}
     heads = site.headings(nb)
@@ -115,8 +109,7 @@ def test_headings_get_myst_anchors_and_links_between_notebooks_follow():
         site.relink("[x](p09_x.ipynb#Nope)", anchors)
 
 
-@needs_myst
-def test_a_page_has_its_run_box_and_ledger_with_working_where_links():
+def test_a_page_has_its_run_box_and_ledger_with_working_where_links(toolchain):
     nb = json.loads(P1.read_text())
     page = site.page_notebook(nb, "P.1", "notebooks/p_parallel_processing/p01_work_and_span.ipynb")
     sources = ["".join(c["source"]) for c in page["cells"]]
@@ -147,3 +140,22 @@ def test_the_site_toolchain_is_not_in_the_pinned_set():
     tools = {n for n, _ in doctor.pins(site.REQUIREMENTS.read_text())}
     assert tools == {"jupyter-book", "sphinx-mathjax-offline"} and not tools & pinned
     assert "/site/" in (ROOT / ".gitignore").read_text().splitlines()
+
+
+def test_ensure_toolchain_installs_once_under_a_lock(tmp_path, monkeypatch):
+    state = {"missing": "jupyter-book", "installs": []}
+
+    def run(cmd, **kw):
+        state["installs"].append(cmd)
+        state["missing"] = None
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(site, "toolchain_missing", lambda: state["missing"])
+    monkeypatch.setattr(site.subprocess, "run", run)
+    monkeypatch.setattr(site.sys, "prefix", str(tmp_path))
+    assert site.ensure_toolchain() is None and site.ensure_toolchain() is None
+    assert len(state["installs"]) == 1 and state["installs"][0][-2:] == ["-r", str(site.REQUIREMENTS)]
+    assert (tmp_path / ".workbook-site-install.lock").exists()
+    monkeypatch.setattr(site.subprocess, "run", lambda cmd, **kw: None)  # an install that does nothing
+    state["missing"] = "myst-nb"
+    assert site.ensure_toolchain() == "myst-nb"  # still missing after the install: said, not hidden

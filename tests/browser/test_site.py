@@ -29,20 +29,15 @@ SITE_REQUIREMENTS = ROOT / "docs" / "site" / "requirements.txt"
 BUILD_LIMIT_S = 60
 
 
-def _have_site_tools() -> bool:
-    probe = ("import jupyter_book, myst_nb; from importlib import metadata; "
-             "metadata.distribution('sphinx-mathjax-offline')")
-    return subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode == 0
-
-
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
+    from helpers import site as book
+
     _ensure_tools()
-    if not _have_site_tools():
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-r", str(SITE_REQUIREMENTS)],
-                       capture_output=True)
-        if not _have_site_tools():
-            pytest.skip(f"no site toolchain: pip install -r {SITE_REQUIREMENTS.relative_to(ROOT)} failed")
+    missing = book.ensure_toolchain()
+    if missing:
+        pytest.skip(f"no site toolchain: {missing} missing after pip install -r "
+                    f"{SITE_REQUIREMENTS.relative_to(ROOT)}")
     out = tmp_path_factory.mktemp("site") / "site"
     started = time.monotonic()
     res = subprocess.run([sys.executable, "-m", "helpers.site", "--out", str(out)], cwd=ROOT,
