@@ -1,15 +1,16 @@
 """Run a workbook worker function under ``torchrun``: the scale-out path of every launcher demo.
 
     torchrun --standalone --nproc_per_node=4 -m helpers.torchrun_main helpers.collectives:ring_check_worker
-    torchrun --nnodes=2 --nproc_per_node=8 --node_rank=$NODE_RANK \\
-        --rdzv_backend=c10d --rdzv_endpoint=$HEAD_NODE:29500 \\
+    torchrun --nnodes=2 --nproc_per_node=2 --node_rank=$NODE_RANK \\
+        --rdzv_backend=c10d --rdzv_endpoint=$HEAD_NODE_ADDR:$HEAD_NODE_PORT \\
         -m helpers.torchrun_main helpers.data_parallel:ddp_train_worker --kwargs '{"steps": 5}'
 
 torchrun sets RANK, WORLD_SIZE, LOCAL_RANK and the rendezvous; this module picks NCCL with
 ``cuda:LOCAL_RANK`` (and gloo beside it for CPU tensors, as the launcher does) when each local
-rank has a GPU and gloo on the CPU otherwise, says which,
-calls the function, and prints each rank's return value. The function is the same one a notebook
-passes to :func:`helpers.launcher.launch`.
+rank has a GPU and gloo on the CPU otherwise, says which, calls the function, and prints each
+rank's return value. The function is the same one a notebook passes to
+:func:`helpers.launcher.launch`. The two-node line is the README's, run as two agents by
+``tests/test_torchrun.py``; ``docs/slurm/train.sbatch`` runs it under SLURM.
 """
 from __future__ import annotations
 
@@ -31,6 +32,11 @@ def resolve(target: str):
     return fn
 
 
+def pick_backend(gpus: int, local_world: int) -> str:
+    """NCCL when every local rank has a GPU of its own, gloo otherwise (what :func:`main` picks)."""
+    return "nccl" if gpus >= local_world and gpus > 0 else "gloo"
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("target", help="module:function to run on every rank")
@@ -48,7 +54,7 @@ def main(argv=None):
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    backend = args.backend or ("nccl" if gpus >= local_world else "gloo")
+    backend = args.backend or pick_backend(gpus, local_world)
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
     worker.set_device("cuda" if backend == "nccl" else "cpu", local_rank)
