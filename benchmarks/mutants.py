@@ -296,7 +296,8 @@ MUTATIONS = [
     # pipeline schedule: ZB-H1's activations released at B, not when the deferred W has run
     M("schedule-zb-release-at-b", "helpers/pipeline_schedule.py", 'release = "W" if self.split_backward else "B"',
       'release = "B"', "tests/test_pipeline_schedule.py",
-      "deferring W looks free: ZB-H1's peak in-flight count equals 1F1B's although W still needs the activations"),
+      "deferring W looks free: ZB-H1's device d holds 1F1B's p - d micro-batches, not min(p, m), although its "
+      "deferred W's still need their activations"),
     # pipeline schedule: a hand-off charged between two ops on the same device
     M("schedule-comm-same-device", "helpers/pipeline_schedule.py", "end[n] + (comm if n[1] != d else 0) for n in need",
       "end[n] + comm for n in need", "tests/test_pipeline_schedule.py",
@@ -335,7 +336,7 @@ MUTATIONS = [
       "the check accepts n_k/B as DDP's loss scale, which DDP's averaging then divides by the world size"),
     # check_run: only rank 0's communication log is read
     M("exercise-check-run-rank0-only", "helpers/exercises/__init__.py", "            got = run.count(op, r)\n",
-      "            got = run.count(op, 0)\n", "tests/test_exercise_shortcuts.py",
+      "            got = run.count(op, 0)\n", "tests/test_exercise_run_checks.py",
       "a run in which only rank 0 communicated (e.g. over a group of one) passes every 'on the ranks' check"),
     # check_pipeline_order: the steps compared as a multiset, not in order
     M("exercise-pipeline-order-multiset", "helpers/exercises/__init__.py",

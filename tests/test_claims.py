@@ -34,6 +34,7 @@ def test_a_good_file_loads_and_errata_are_the_off_rows(tmp_path):
     ({"found_by": "me"}, "found_by must be one of"),
     ({"where": " "}, "'where' must name the notebook heading"),
     ({"verdict": "wrong", "why": ""}, "needs its reasoning"),
+    ({"verdict": "not-demonstrable", "why": " "}, "a not-demonstrable verdict needs its reasoning"),
     ({"section": "6"}, "section must look like"),
     ({"claim": ""}, "needs an id and a claim"),
 ])

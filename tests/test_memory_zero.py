@@ -23,6 +23,15 @@ def test_min_world_size_inverts_the_per_device_total():
         assert m == 1 or M.per_device_total(30e9, m - 1, stage) > 70e9
 
 
+def test_min_world_size_stage_2_keeps_only_the_weights_whole():
+    # bf16-mixed AdamW: 2 B weights + 2 B gradients + 12 B optimizer state per parameter; stage 2 keeps
+    # the 2 B of weights whole and shards the other 14 B: 2 N + 14 N / M <= room
+    assert M.min_world_size_to_fit(13e9, 80e9, 2) == 4  # 26 + 182/M <= 80: M >= 3.4
+    assert M.min_world_size_to_fit(13e9, 80e9, 2, reserve_bytes=20e9) == 6  # 26 + 182/M <= 60: M >= 5.4
+    # 30B in 70 GB: stage 1 keeps 120 GB whole (never fits); stage 2 60 + 420/M (M >= 42); stage 3 480/M (M >= 7)
+    assert [M.min_world_size_to_fit(30e9, 80e9, s, reserve_bytes=10e9) for s in range(4)] == [None, None, 42, 7]
+
+
 def test_min_world_size_none_when_the_unsharded_part_does_not_fit():
     assert M.min_world_size_to_fit(70e9, 80e9, 2, reserve_bytes=20e9) is None  # 2 B x 70B = 140 GB of weights
     assert M.min_world_size_to_fit(7.5e9, 80e9, 0) is None  # 120 GB whatever M

@@ -65,6 +65,9 @@ def test_peak_in_flight(p, m):
     assert [g.peak_in_flight(d) for d in range(p)] == [m] * p
     assert [o.peak_in_flight(d) for d in range(p)] == [min(p - d, m) for d in range(p)]
     assert z.peak_in_flight() == min(p, m) == o.peak_in_flight()
+    # ZB-H1 keeps a micro-batch's activations until its W: device d holds 1F1B's p - d plus the up to
+    # d whose W it defers, so every device reaches min(p, m) (Qi et al.: the peak of 1F1B's device 0)
+    assert [z.peak_in_flight(d) for d in range(p)] == [min(p, m)] * p
 
 
 def test_interleaved_holds_more_than_1f1b():
@@ -105,6 +108,18 @@ def test_comm_and_handoff_delays():
     assert tl.makespan > simulate("1f1b", 4, 8, f=2, b=3).makespan
     again = ps.from_records("1f1b", 4, 8, 1, [(o.kind, o.device, o.chunk, o.mb, o.start + 10, o.end + 10) for o in tl.ops])
     assert again.makespan == pytest.approx(float(tl.makespan)) and again.bubble() == pytest.approx(float(tl.bubble()))
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 5])
+def test_comm_is_paid_only_between_devices(p):
+    # one micro-batch is a chain: F on devices 0..p-1, B on p-1..0 (then W on each, ZB-H1). It crosses
+    # a device boundary 2(p-1) times; the last stage's B follows its own F, and each W its own B,
+    # on the same device, with no hand-off between them
+    f, b, w, comm = 2, 3, 1, Fr(1, 2)
+    for schedule in ("gpipe", "1f1b"):
+        assert simulate(schedule, p, 1, f=f, b=b, w=w, comm=comm).makespan == p * (f + b + w) + 2 * (p - 1) * comm
+    # ZB-H1: device 0's W runs last, right after its own B
+    assert simulate("zb-h1", p, 1, f=f, b=b, w=w, comm=comm).makespan == p * (f + b) + w + 2 * (p - 1) * comm
 
 
 def test_definitions_convert_and_min_microbatches():

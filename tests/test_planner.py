@@ -238,3 +238,46 @@ def test_bad_input():
         cs.gemma2_model("7B")
     with pytest.raises(ValueError, match="no layout satisfies"):
         pl.plan(pl.book_70b(), pl.h100_cluster(8), 64).best
+
+
+# A small model on a made-up cluster with round figures, so that the time model's parts can be
+# worked out by hand from the module docstring's formulas (alpha-beta ring: 2(N-1) alpha +
+# 2(N-1)/N S / beta for an all-reduce).
+def _toy():
+    model = pl.Model("toy", layers=4, hidden=1024, heads=8, ffn=4096, seq_len=1024, n_params=1e9)
+    cluster = pl.Cluster("toy", n_devices=16, devices_per_node=8, memory_bytes=80e9, peak_flops=1e15,
+                         intra_bw=1e11, inter_bw=1e10, alpha_intra=1e-5, alpha_inter=2e-5, efficiency=0.5)
+    return model, cluster
+
+
+def test_full_recomputation_repeats_the_forwards_tp_all_reduces():
+    model, cluster = _toy()
+    # TP=8 inside a server, DP=2: m = 16 / (2 x 1) = 8 micro-batches, 4 layers on the one stage;
+    # one all-reduce of s b h x 2 bytes = 1024 x 1 x 1024 x 2 on 8 ranks at the server's links
+    per = 2 * 7 * 1e-5 + 2 * 7 / 8 * (1024 * 1024 * 2) / 1e11
+    for recompute, calls in (("none", 4), ("selective", 4), ("full", 6)):  # the forward's 2 all-reduces again
+        t = pl.step_time(model, cluster, 16, pl.Layout(dp=2, tp=8, recompute=recompute), 8)
+        assert t["tp"] == pytest.approx(calls * 4 * 8 * per, rel=1e-12), recompute
+
+
+def test_dp_ring_hides_behind_the_last_micro_batchs_backward_only():
+    model, cluster = _toy()
+    # DP=16 over 2 servers, ZeRO-1, global batch 64: m = 4 micro-batches per replica
+    compute = (6 * 1e9 + 12 * 4 * 1024 * 1024) * 64 * 1024 / 16 / (1e15 * 0.5)
+    ring = 2 * 15 * 2e-5 + 2 * 15 / 16 * (1e9 * 2) / 1e10  # the BF16 gradients, inter-server links
+    t = pl.step_time(model, cluster, 64, pl.Layout(dp=16, zero=1), 4)
+    assert t["compute"] == pytest.approx(compute, rel=1e-12)
+    assert t["dp (total)"] == pytest.approx(ring, rel=1e-12)
+    # the backward (2/3 of the compute) of one micro-batch of the 4 is the window
+    assert t["dp exposed"] == pytest.approx(ring - compute * 2 / 3 / 4, rel=1e-12)
+    assert t["total"] == pytest.approx(compute + ring - compute * 2 / 3 / 4, rel=1e-12)
+
+
+def test_decision_sequence_judges_the_bubble_as_idle_over_total(h256):
+    # the 405B at 128K on 256 GPUs ends at TP8 x PP16 x CP2, so DP = 256 / 256 = 1 and the batch of 16
+    # gives m = 16: P.9's (p-1)/(m+p-1) = 15/31 = 48.4%; 12.2.2's (p-1)/m would be 15/16 = 93.8%
+    for target, passes in ((0.1, False), (0.5, True), (0.9, True)):
+        lay, st = pl.decision_sequence(cs.llama3_model(131072), h256, 16, cs.LLAMA_RULES, bubble_target=target)
+        assert (lay.dp, lay.cp, lay.tp, lay.pp) == (1, 2, 8, 16)
+        assert st[-1]["question"].startswith("4b.") and st[-1]["answer"] is passes, target
+        assert st[-1]["detail"].startswith(f"p = 16, m = 16: {15 / 31:.1%}")
