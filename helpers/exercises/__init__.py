@@ -2,18 +2,92 @@
 
 Each notebook's exercises live in a module of this package named after the notebook
 (``helpers.exercises.p06`` for P.6). A check prints a short confirmation when the answer is
-right; when it is wrong it raises ``AssertionError`` with a message that says what kind of answer
+right; when it is wrong it raises :class:`CheckFailed` with a message that says what kind of answer
 was expected and a hint, never the answer itself. An answer still ``None`` (the student edition's
-starting point) gets "not answered yet".
+starting point) gets "not answered yet" (:class:`NotAnswered`).
+
+What a student sees of a failed check is its message and nothing else (issue 25): IPython prints an
+exception's traceback, source lines included, in JupyterLab and in nbgrader's feedback, and the
+line of ``helpers/exercises/<nb>.py`` that raised holds the expected value. So every exercise check
+is decorated with :func:`exercise`: whatever goes wrong inside it leaves as a :class:`CheckFailed`,
+raised ``from None``, whose ``_render_traceback_`` is its one-line message; an unexpected exception
+(a malformed answer the check could not read) becomes "the answer could not be checked: <type>:
+<message>". It stays an ``error`` output with ``ename``/``evalue``: nbgrader scores the cell 0, nbval
+fails it.
+
+Inside an IPython kernel a failed check does not stop the cells queued after it (JupyterLab's Run
+All): a ``post_run_cell`` hook marks a cell whose only error is a :class:`CheckFailed` as executed,
+after IPython has shown the error. The check still raises (the rest of its cell does not run, a
+``try`` around it sees the exception) and its output is still an error. ``./workbook refresh`` sets
+``WORKBOOK_STOP_ON_FAILED_CHECK=1``, under which a failed check stops the run like any error.
 """
 from __future__ import annotations
 
+import functools
 import math
 import numbers
+import os
+import sys
 
 
-class NotAnswered(AssertionError):
+class CheckFailed(AssertionError):
+    """A check's verdict on an answer; displayed by IPython as its message alone."""
+
+    _workbook_check_failure = True  # what the kernel hook looks for (a class attribute survives a reload)
+
+    def _render_traceback_(self):
+        return [f"{type(self).__name__}: {self}"]
+
+
+class NotAnswered(CheckFailed):
     """The exercise's answer variable is still None."""
+
+
+def _reason(exc: BaseException, limit: int = 300) -> str:
+    text = " ".join(str(exc).split()) or "(no message)"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def exercise(check):
+    """Decorator of every exercise check (``exN`` in the modules of this package): a failure leaves
+    it as a :class:`CheckFailed` carrying only its message, raised ``from None`` without the frames
+    of the checking code; any other exception (``AssertionError`` included) becomes a
+    :class:`CheckFailed` that says the answer could not be checked, naming the exception's type and
+    message."""
+
+    @functools.wraps(check)
+    def run_check(*args, **kwargs):
+        try:
+            return check(*args, **kwargs)
+        except CheckFailed as failed:
+            failure = failed.with_traceback(None)
+        except Exception as exc:  # noqa: BLE001 (any exception of a check is the student's to read)
+            failure = CheckFailed(f"the answer could not be checked: {type(exc).__name__}: {_reason(exc)}")
+        raise failure from None
+
+    run_check.__exercise__ = True
+    return run_check
+
+
+def _continue_after_failed_check(result) -> None:
+    """IPython ``post_run_cell`` hook: a cell whose error is a failed check counts as executed (its
+    error output is already shown), so the kernel does not abort the cells queued after it."""
+    if getattr(getattr(result, "error_in_exec", None), "_workbook_check_failure", False):
+        result.error_in_exec = None
+
+
+def _install_kernel_hook() -> None:
+    if os.environ.get("WORKBOOK_STOP_ON_FAILED_CHECK"):
+        return
+    ipython = sys.modules.get("IPython")  # a process that never imported IPython runs no shell
+    shell = ipython.get_ipython() if ipython is not None else None
+    if shell is None or getattr(shell, "_workbook_check_hook", False):
+        return
+    shell.events.register("post_run_cell", _continue_after_failed_check)
+    shell._workbook_check_hook = True
+
+
+_install_kernel_hook()
 
 
 def require(answer, what: str):
@@ -21,13 +95,34 @@ def require(answer, what: str):
         raise NotAnswered(f"not answered yet: set the answer variable to {what}, then run this cell again")
 
 
+def tolerance_text(rel: float) -> str:
+    """A relative tolerance as a percentage that does not round to 0: 1e-3 -> "0.1%", 1e-6 -> "0.0001%"."""
+    return f"{rel * 100:.2g}%"
+
+
+def unit_slip(answer: float, expected: float, rel: float = 1e-3) -> bool:
+    """``answer`` is ``expected`` times a power of 1000 or of 1024 other than 1 (within ``rel``, at
+    least 0.1%): the number is right and its unit is not (bytes where GB are asked, ms for s)."""
+    if answer == 0 or expected == 0 or (answer > 0) != (expected > 0):
+        return False
+    ratio = answer / expected
+    for base in (1000.0, 1024.0):
+        k = round(math.log(ratio, base))
+        if k != 0 and abs(k) <= 6 and math.isclose(ratio, base ** k, rel_tol=max(rel, 1e-3)):
+            return True
+    return False
+
+
 def check_number(answer, expected: float, *, what: str, rel: float = 1e-3, hint: str = "") -> None:
     """A real number within ``rel`` relative tolerance of ``expected``."""
     require(answer, what)
     if isinstance(answer, bool) or not isinstance(answer, numbers.Real) or math.isnan(float(answer)):
-        raise AssertionError(f"expected {what} (a real number), got {type(answer).__name__} {answer!r}")
+        raise CheckFailed(f"expected {what} (a real number), got {type(answer).__name__} {answer!r}")
     if not math.isclose(float(answer), float(expected), rel_tol=rel, abs_tol=1e-12):
-        raise AssertionError(f"not quite: {what} is off by more than {rel:.1%}. {hint}".strip())
+        if unit_slip(float(answer), float(expected), rel):
+            raise CheckFailed(f"not quite: check the unit: your number is a power of 1000 (or of 1024) away from "
+                              f"{what}, as bytes are from GB or milliseconds from seconds")
+        raise CheckFailed(f"not quite: {what} is off by more than {tolerance_text(rel)}. {hint}".strip())
     print(f"correct: {what}")
 
 
@@ -35,36 +130,38 @@ def check_int(answer, expected: int, *, what: str, hint: str = "") -> None:
     """An integer equal to ``expected``."""
     require(answer, what)
     if isinstance(answer, bool) or not isinstance(answer, numbers.Integral):
-        raise AssertionError(f"expected {what} as an integer, got {type(answer).__name__} {answer!r}")
+        raise CheckFailed(f"expected {what} as an integer, got {type(answer).__name__} {answer!r}")
     if int(answer) != int(expected):
-        raise AssertionError(f"not quite: that is not {what}. {hint}".strip())
+        raise CheckFailed(f"not quite: that is not {what}. {hint}".strip())
     print(f"correct: {what}")
 
 
 def check_choice(answer, expected, *, what: str, options, hint: str = "") -> None:
-    """One of ``options``, equal to ``expected``."""
+    """One of ``options``, equal to ``expected``. ``None`` is never an option: it means "not answered"."""
+    if any(o is None for o in options):
+        raise ValueError(f"None cannot be one of the options {list(options)}: it is the unanswered state")
     require(answer, f"one of {list(options)}")
     if answer not in options:
-        raise AssertionError(f"expected {what}: one of {list(options)}, got {answer!r}")
+        raise CheckFailed(f"expected {what}: one of {list(options)}, got {answer!r}")
     if answer != expected:
-        raise AssertionError(f"not quite: {answer!r} is not {what}. {hint}".strip())
+        raise CheckFailed(f"not quite: {answer!r} is not {what}. {hint}".strip())
     print(f"correct: {what}")
 
 
 def check_true(ok: bool, *, what: str, hint: str = "") -> None:
     """A property of the student's own code or data holds (for open-ended exercises)."""
     if not ok:
-        raise AssertionError(f"not yet: {what}. {hint}".strip())
+        raise CheckFailed(f"not yet: {what}. {hint}".strip())
     print(f"correct: {what}")
 
 
 # ---- exercises on the ranks ------------------------------------------------------------------------
-# An exercise that asks for work on the ranks takes the Run that launch() returned, so its check can
+# An exercise that asks for work on the ranks takes the Run that launch returned, so its check can
 # read what happened there: the world size, every rank's result, its communication log and its spans.
 
 def reject(message: str, hint: str = ""):
     """Raise the check's rejection: what was found, against what the exercise asks."""
-    raise AssertionError(f"not yet: {message}. {hint}".strip())
+    raise CheckFailed(f"not yet: {message}. {hint}".strip())
 
 
 def _plural(n: int, word: str) -> str:
@@ -76,9 +173,9 @@ def check_run(run, world: int, *, ops: dict | None = None, absent=(), hint: str 
     ``ops[op]`` calls of each ``op`` (its communication log says so) and none of ``absent``."""
     from ..launcher import Run
 
-    require(run, f"the Run that launch(..., world_size={world}) returned")
+    require(run, f"the Run that launch returned (a launch on {_plural(world, 'rank')})")
     if not isinstance(run, Run):
-        reject(f"expected the Run that launch(...) returns (the check reads what every rank computed and "
+        reject(f"expected the Run that launch returns (the check reads what every rank computed and "
                f"communicated), got {type(run).__name__}", "Pass launch's return value itself, not its results.")
     if run.world_size != world:
         reject(f"your launch ran on {_plural(run.world_size, 'rank')}; the exercise asks for {world}",

@@ -1,7 +1,7 @@
 """Exercise checks for 12.1.2 (ZeRO stages 1-3 and FSDP)."""
 import numpy as np
 
-from . import check_choice, check_int, check_number, check_run, check_true
+from . import check_choice, check_int, check_number, check_run, check_true, exercise
 from ..memory import min_world_size_to_fit, per_device_total, smallest_stage_that_fits
 
 # exercise 4: ZeRO-1 by hand with plain SGD on a flat parameter vector
@@ -24,25 +24,30 @@ def ex4_reference(world: int, dim: int = EX4["dim"], steps: int = EX4["steps"], 
     return theta
 
 
+@exercise
 def ex1(answer_gb):
     """Per-device model state (GB) of a 13B bf16-mixed AdamW model on 8 GPUs under ZeRO stage 2."""
     check_number(answer_gb, per_device_total(13e9, 8, 2) / 1e9, what="GB of model state per device under stage 2",
                  hint="Stage 2 keeps the 2-byte weights whole and divides the gradients and the 12 optimizer bytes by M.")
 
 
+@exercise
 def ex2(answer):
     """Lowest stage that fits 13B on 8 x 80 GB with 20 GB per device kept for activations."""
-    check_choice(answer, smallest_stage_that_fits(13e9, 80e9, 8, reserve_bytes=20e9),
-                 what="the lowest stage whose model state fits in 60 GB", options=[0, 1, 2, 3, None],
+    stage = smallest_stage_that_fits(13e9, 80e9, 8, reserve_bytes=20e9)
+    check_choice(answer, "none" if stage is None else stage,
+                 what="the lowest stage whose model state fits in 60 GB", options=[0, 1, 2, 3, "none"],
                  hint="Compute the per-device total for each stage in turn and compare it with 80 - 20 GB.")
 
 
+@exercise
 def ex3(answer_devices):
     """Fewest 80 GB devices for a 70B model under stage 3, 20 GB each kept for activations."""
     check_int(answer_devices, min_world_size_to_fit(70e9, 80e9, 3, reserve_bytes=20e9),
               what="the smallest number of devices", hint="16 bytes per parameter divided by M must fit in 60 GB; round up.")
 
 
+@exercise
 def ex4(run):
     """A ZeRO-1 SGD worker on 4 ranks: equals data-parallel SGD, with one reduce-scatter + one all-gather per step."""
     check_run(run, 4)

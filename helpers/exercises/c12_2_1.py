@@ -1,11 +1,12 @@
 """Exercise checks for 12.2.1 (Megatron-style tensor parallelism)."""
 import numpy as np
 
-from . import check_int, check_number, check_run, check_true, op_bytes, reject
+from . import check_int, check_number, check_run, check_true, exercise, op_bytes, reject
 from .. import tp_numpy as tn
 from ..tensor_parallel import allreduce_bytes_per_device
 
 
+@exercise
 def ex1(answer):
     """Bytes one device sends for TP all-reduces in one training step: 32 layers, s=4096, b=4, h=4096, t=4, BF16."""
     expected = 32 * 4 * allreduce_bytes_per_device(4096, 4, 4096, 4, 2)
@@ -14,6 +15,7 @@ def ex1(answer):
                       "and use the ring factor 2(t-1)/t on the bytes of one (s, b, h) activation.")
 
 
+@exercise
 def ex2(answer):
     """Largest power-of-two TP degree <= 16 that splits 40 heads and an FFN width of 13824 evenly."""
     ok = [t for t in (1, 2, 4, 8, 16) if 40 % t == 0 and 13824 % t == 0]
@@ -21,6 +23,7 @@ def ex2(answer):
               hint="Both the head count and the FFN width must divide by t (tp.check_tp_shapes says which fails).")
 
 
+@exercise
 def ex3(run, P):
     """A TP MLP from ColumnParallelLinear / RowParallelLinear on 2 ranks equals the numpy MLP on every rank."""
     s, h = P["X"].shape

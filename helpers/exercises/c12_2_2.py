@@ -1,11 +1,12 @@
 """Exercise checks for 12.2.2 (pipeline parallelism and bubble reduction)."""
 import numpy as np
 
-from . import check_int, check_number, check_pipeline_order, check_run, check_true, reject, require
+from . import check_int, check_number, check_pipeline_order, check_run, check_true, exercise, reject, require
 from ..pipeline_parallel import gather_grads, max_grad_diff, reference_grads
 from ..pipeline_schedule import bubble_formula, simulate
 
 
+@exercise
 def ex1(answer):
     """Utilisation of a 16-stage pipeline with 48 micro-batches (equal stages)."""
     check_number(answer, 1 - float(bubble_formula(16, 48, definition="total")),
@@ -13,6 +14,7 @@ def ex1(answer):
                  hint="12.2.2's (p-1)/m is idle over useful time; utilisation is useful over useful + idle.")
 
 
+@exercise
 def ex2(answer):
     """Idle time per device of ZB-H1 with p = 6, m = 12, F = 2, B = 2, W = 1, read off the simulator."""
     tl = simulate("zb-h1", 6, 12, f=2, b=2, w=1)
@@ -20,6 +22,7 @@ def ex2(answer):
               hint="Simulate it and read idle(d) off the timeline, or count what the W passes cannot fill.")
 
 
+@exercise
 def ex3(weight_grad_fn):
     """A function W(x, dy) returning the weight gradient of y = x @ W.T (no bias), checked on random data."""
     require(weight_grad_fn, "a function taking (x, dy) numpy arrays and returning dW")
@@ -40,10 +43,13 @@ def ex3(weight_grad_fn):
                hint="The result has the weight's shape (out, in); it is a product of dy and x, one of them transposed.")
 
 
+@exercise
 def ex4(run):
     """The hand ZB-H1 schedule (pipeline_step_worker) on 4 ranks with m = 16: every rank's F/B/W order is the
     schedule simulator's, and the gradients of all ranks together equal the single-process ones."""
-    check_run(run, 4, ops={"send": 1, "recv": 1}, hint="launch(ppl.pipeline_step_worker, 'zb-h1', 16, world_size=4).")
+    check_run(run, 4, ops={"send": 1, "recv": 1},
+              hint="Launch ppl.pipeline_step_worker, the hand pipeline, on one rank per stage; its arguments "
+                   "name the schedule (the zero-bubble one) and the number of micro-batches (m).")
     check_pipeline_order(run, "zb-h1", 16)
     if not all(isinstance(r, dict) and "grads" in r for r in run.results):
         reject("every rank must return its {'grads': {layer: (dW, db)}} as pipeline_step_worker does")

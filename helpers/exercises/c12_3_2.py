@@ -3,18 +3,20 @@ import functools
 
 import numpy as np
 
-from . import check_number
+from . import check_number, exercise
 from .p10 import attention_run_equals_reference
 from .. import attention_numpy as an
 from .. import ring_attention as ra
 
 
+@exercise
 def ex1(answer):
     """Forward ring bytes one rank sends per layer: s=65,536, p=4, 32 heads of 128, bf16."""
     check_number(answer, ra.ring_bytes_per_rank(65_536, 4, 32, 128, 2), what="the bytes one rank sends per layer",
                  hint="Count the ring steps that move a block, and the K and the V of s/p tokens in each.")
 
 
+@exercise
 def ex2(answer):
     """Attention output of one query whose keys arrive in two blocks (scores/values given)."""
     q = np.array([[1.0]])
@@ -31,12 +33,14 @@ def _last_over_first() -> float:
     return float(pairs[-1] / pairs[0])
 
 
+@exercise
 def ex3(answer):
     """Causal, contiguous partition, s=8192 over p=8: last rank's unmasked pairs / first rank's."""
     check_number(answer, _last_over_first(), what="the ratio of the last rank's work to the first rank's",
                  hint="Rank 0 scores a triangle of its own block; rank p-1 scores p-1 full blocks plus that triangle.")
 
 
+@exercise
 def ex4(run, s, heads, d):
     """Causal ring attention with the zig-zag partition on 3 ranks equals one-process causal attention."""
     attention_run_equals_reference(

@@ -1,16 +1,18 @@
 """Exercise checks for 12.4.1 (rules of thumb for choosing a mix)."""
-from . import check_number, check_pipeline_order, check_run, check_true, reject, require
+from . import check_number, check_pipeline_order, check_run, check_true, exercise, reject, require
 from ..costs import ring_bytes_sent
 from ..memory import GB, per_device_bytes
 from ..pipeline_schedule import bubble_formula
 
 
+@exercise
 def ex1(answer):
     """12.4.1's bubble (p-1)/m at p = 16, m = 64."""
     check_number(answer, float(bubble_formula(16, 64, definition="useful")), what="the bubble ratio (p-1)/m",
                  hint="Idle time over useful time, the section's definition.")
 
 
+@exercise
 def ex2(answer):
     """Optimizer-state GB per GPU of the 70B with TP=8 and ZeRO-1 over DP=32 (FP32 master + 2 moments)."""
     b = per_device_bytes(70e9 / 8, 32, 1)
@@ -18,6 +20,7 @@ def ex2(answer):
                  hint="A GPU's TP shard holds 1/8 of the parameters; ZeRO-1 splits its 12 bytes per parameter 32 ways.")
 
 
+@exercise
 def ex3(answer):
     """GB each GPU sends per step in the reduce-scatter + all-gather of the 70B's BF16 gradients (TP=8, DP=32)."""
     shard = 70e9 / 8 * 2
@@ -26,12 +29,14 @@ def ex3(answer):
                  hint="A ring reduce-scatter and a ring all-gather each send (d-1)/d of the GPU's own gradient bytes.")
 
 
+@exercise
 def ex4(run, reference):
     """The tiny transformer on 8 ranks as DP2 x PP4 x TP1 with GPipe and 2 micro-batches, for the reference's
     steps: the layout, every rank's F/B order, and losses and parameters equal to single-process training."""
     from ..three_d import global_losses, max_param_diff
 
-    check_run(run, 8, hint="launch(td.three_d_worker, dp=2, pp=4, tp=1, ..., world_size=8).")
+    check_run(run, 8, hint="td.three_d_worker takes the layout as its dp, pp and tp degrees, whose product is "
+                            "the number of ranks to launch, and the schedule and number of steps to train.")
     results = run.results
     if not all(isinstance(r, dict) and {"coord", "losses", "params"} <= set(r) for r in results):
         reject("that run is not a run of td.three_d_worker (its ranks return 'coord', 'losses' and 'params')")
@@ -47,6 +52,7 @@ def ex4(run, reference):
                hint="Same steps, batch and learning rate on both sides.")
 
 
+@exercise
 def ex5(run):
     """Expert parallelism on 4 ranks: 16 experts, top_k = 4, capacity factor 1.25, 32 tokens per rank.
 
@@ -58,12 +64,14 @@ def ex5(run):
     from ..expert_parallel import max_differences, token_all_to_alls
     from ..moe_numpy import dispatch_counts, reference
 
-    require(run, "the Run that launch(...) returns")
-    check_true(hasattr(run, "results") and hasattr(run, "comm"), what="a Run from launch(...)",
+    require(run, "the Run that launch returns")
+    check_true(hasattr(run, "results") and hasattr(run, "comm"), what="a Run from launch",
                hint="Pass what launch returns, not run.results.")
     res = run.results
     check_true(len(res) == 4 and all(isinstance(r, dict) and "args" in r for r in res),
-               what="4 ranks, each returning what epl.ep_worker returns", hint="launch(epl.ep_worker, ..., world_size=4).")
+               what="4 ranks, each returning what epl.ep_worker returns",
+               hint="Launch epl.ep_worker, the expert-parallel layer, on as many ranks as the "
+                    "exercise's layout has, one share of the experts each.")
     a = res[0]["args"]
     want = {"experts": 16, "top_k": 4, "capacity_factor": 1.25, "tokens": 32, "ranks": 4}
     check_true(all(a.get(k) == v for k, v in want.items()), what="the layout asked for: 16 experts, top_k 4, cf 1.25, 32 tokens per rank",

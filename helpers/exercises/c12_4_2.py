@@ -1,28 +1,32 @@
 """Exercise checks for 12.4.2 (case studies: Llama 3, DeepSeek-V3, Gemma 2)."""
 from fractions import Fraction
 
-from . import check_int, check_number, check_run, check_true, reject
+from . import check_int, check_number, check_run, check_true, exercise, reject
 from ..memory import GB
 from ..pipeline_schedule import min_microbatches
 
 
+@exercise
 def ex1(answer):
     """BF16 weight GB per GPU of Llama 3 405B at TP=8, PP=16."""
     check_number(answer, 405e9 * 2 / (8 * 16) / GB, what="the BF16 weights per GPU in GB",
                  hint="Tensor and pipeline parallelism together divide the weights TP x PP ways.")
 
 
+@exercise
 def ex2(answer):
     """Smallest m with (p-1)/m <= 20% at p = 16."""
     check_int(answer, min_microbatches(16, Fraction(1, 5), "useful"), what="the smallest number of micro-batches per replica",
               hint="12.2.2's ratio: idle over useful time, (p-1)/m.")
 
 
+@exercise
 def ex3(answer):
     """Tokens in the smallest step of Gemma 2 27B's layout: one 8,192-token sequence per data replica."""
     check_int(answer, 768 * 8192, what="the tokens per step", hint="Table 3: 768 data replicas.")
 
 
+@exercise
 def ex4(run):
     """hand_groups_worker on the 4D mesh ('dp','pp','cp','tp') = (2,2,2,2), 16 ranks: rank 5's coordinate,
     context-parallel group and the sum all-reduced over it."""
@@ -38,9 +42,11 @@ def ex4(run):
           and result.get("groups", {}).get("cp") == mesh.group_of(5, "cp")
           and result.get("sums", {}).get("cp") == sum(mesh.group_of(5, "cp")))
     check_true(ok, what="rank 5's coordinate and context-parallel group on the 16 ranks",
-               hint="launch(hm.hand_groups_worker, ('dp', 'pp', 'cp', 'tp'), (2, 2, 2, 2), world_size=16).")
+               hint="hm.hand_groups_worker takes the grid's dimension names, in order, and their sizes; "
+                    "launch it on as many ranks as the grid has cells.")
 
 
+@exercise
 def ex5(answer):
     """MB each GPU sends in one DeepSeek-V3 MoE layer's forward dispatch (FP8), one 4096-token sequence, EP 64."""
     from ..costs import moe_all_to_all_sent

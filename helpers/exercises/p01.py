@@ -1,10 +1,11 @@
 """Exercise checks for P.1 (work and span)."""
 import numpy as np
 
-from . import check_number, check_run, check_true, reject
+from . import check_number, check_run, check_true, exercise, reject
 from ..dag import DAG, embedding_job, embedding_reference, list_schedule
 
 
+@exercise
 def ex1(answer):
     """T1/T_inf of the embedding job with 300 chunks (other durations unchanged)."""
     g = embedding_job(n_chunks=300)
@@ -21,6 +22,7 @@ def _sharded_index_job() -> DAG:
     return DAG(durations, edges)
 
 
+@exercise
 def ex2(answer):
     """Makespan on 8 workers once the 20 s index build is split into 4 shards of 5 s plus a 2 s combine."""
     check_number(answer, list_schedule(_sharded_index_job(), 8).makespan,
@@ -28,6 +30,7 @@ def ex2(answer):
                  hint="Each shard needs the merge, the combine needs every shard; build the DAG and schedule it.")
 
 
+@exercise
 def ex3(run):
     """The embedding job on 3 ranks with a block split: every rank returns (index or None, the chunks it embedded)."""
     check_run(run, 3, ops={"gather": 1}, hint="Rank 0 collects every rank's vectors with dist.gather_object.")

@@ -1,8 +1,9 @@
 """Exercise checks for P.2 (concurrency versus parallelism)."""
-from . import check_number, check_run, check_true, reject
+from . import check_number, check_run, check_true, exercise, reject
 from ..concurrency import count_mod7_exact, model_calls
 
 
+@exercise
 def ex1(answer):
     """ms for policy search (120) and order lookup (200), both needed by a 450 ms generation call."""
     expected = 1000 * model_calls({"policy": 0.12, "order": 0.2, "generate": 0.45},
@@ -11,6 +12,7 @@ def ex1(answer):
                  hint="Only calls that do not need each other's results overlap.")
 
 
+@exercise
 def ex2(answer):
     """ms for 12 independent 100 ms calls with at most 5 in flight."""
     check_number(answer, 1000 * model_calls([0.1] * 12, limit=5),
@@ -18,6 +20,7 @@ def ex2(answer):
                  hint="Count how many waves of calls the limit forces.")
 
 
+@exercise
 def ex3(run, n):
     """count_mod7 over range(n) on 3 ranks: contiguous slices (the last takes the rest), then all_reduce.
     Every rank returns (start, stop, total)."""

@@ -1,16 +1,18 @@
 """Exercise checks for P.3 (dependency structures and arithmetic intensity)."""
 import numpy as np
 
-from . import check_int, check_number, check_parts, check_run, check_true
+from . import check_int, check_number, check_parts, check_run, check_true, exercise
 from ..intensity import autoregressive, matmul, ridge
 
 
+@exercise
 def ex1(answer):
     """FLOPs of an 8192 x 8192 weight applied to 512 token vectors."""
     check_number(answer, matmul(512, 8192, 8192).flops, what="the FLOPs of the product",
                  hint="Count one multiply and one add for every term of every dot product.")
 
 
+@exercise
 def ex2(answer):
     """Smallest decode batch that makes the 7B bf16 model compute-bound at 989 TFLOP/s and 3.35 TB/s."""
     r = ridge(989e12, 3.35e12)
@@ -19,6 +21,7 @@ def ex2(answer):
               hint="Decode intensity grows with the batch: weights are read once per pass for every sequence in it.")
 
 
+@exercise
 def ex3(run, A, B):
     """C = A @ B on 4 ranks from column blocks of B: every rank returns (its block, the gathered product)."""
     check_run(run, 4, ops={"all_gather": 1}, hint="Gather the blocks with dist.all_gather.")

@@ -1,15 +1,17 @@
 """Exercise checks for P.4 (Amdahl's law, Gustafson's scaled speedup, the embedding job)."""
-from . import check_int, check_number, check_run, reject, require
+from . import check_int, check_number, check_run, exercise, reject, require
 from .. import amdahl
 from ..dag import embedding_job, list_schedule
 
 
+@exercise
 def ex1(answer):
     """Amdahl speedup of p = 0.95 on 16 workers."""
     check_number(answer, amdahl.speedup(0.95, 16), what="the Amdahl speedup for p = 0.95 on 16 workers",
                  hint="The serial share stays whole; the parallel share is divided by the worker count.")
 
 
+@exercise
 def ex2(answer):
     """The p needed for 80% efficiency on 32 workers."""
     check_number(answer, amdahl.p_for_efficiency(0.8, 32), rel=1e-4,
@@ -17,6 +19,7 @@ def ex2(answer):
                  hint="Turn the efficiency into a speedup first (E = S/N), then solve 1/S = (1 - p) + p/N for p.")
 
 
+@exercise
 def ex3(answer):
     """The fewest workers whose greedy schedule of the embedding job reaches speedup >= 6."""
     job = embedding_job()
@@ -25,6 +28,7 @@ def ex3(answer):
               hint="Amdahl's answer is one worker too few: tasks are indivisible, so count rounds of 2 s.")
 
 
+@exercise
 def ex4(answer, run_1, run_4):
     """A Karp-Flatt fraction computed from the job times of amdahl_job_worker runs on 1 and 4 ranks."""
     require(answer, "the Karp-Flatt serial fraction of your measured speedup (a number)")

@@ -1,8 +1,9 @@
 """Exercise checks for P.5 (where efficiency goes)."""
-from . import check_number, check_run, check_true, reject, require
+from . import CheckFailed, check_number, check_run, check_true, exercise, reject, require
 from .. import amdahl, efficiency
 
 
+@exercise
 def ex1(answer):
     """Total worker-time spent waiting at a barrier for compute times 0.2, 0.3, 0.25, 0.5 s."""
     check_number(answer, sum(efficiency.barrier_waits([0.2, 0.3, 0.25, 0.5])),
@@ -10,6 +11,7 @@ def ex1(answer):
                  hint="Every worker waits for the slowest; add up each worker's gap.")
 
 
+@exercise
 def ex2(answer):
     """Karp-Flatt fraction of 100 equal indivisible tasks on 16 workers."""
     s = efficiency.imbalance_speedup(100, 16)
@@ -18,15 +20,18 @@ def ex2(answer):
                  hint="The busiest worker sets the time: count its tasks, form S, then apply Karp-Flatt.")
 
 
+@exercise
 def ex3(answer, a, b):
     """The slice size at which the fixed per-op cost equals the per-element cost."""
     require(answer, "a slice size in elements (a number)")
     if not (a > 0 and b > 0):
-        raise AssertionError(f"a and b must be your fitted overhead (s) and per-element cost (s/element), both > 0; got {a!r}, {b!r}")
+        raise CheckFailed(f"a and b must be your fitted overhead (s) and per-element cost (s/element), both > 0; "
+                          f"got {a!r}, {b!r}")
     check_number(answer, a / b, rel=1e-6, what="the slice size where a = b * k",
                  hint="Set the fixed part equal to the part that grows with the slice and solve for k.")
 
 
+@exercise
 def ex4(counts, run):
     """Tasks per rank, in rank order, from a launch of imbalance_worker (30 tasks of 2 ms) on 4 ranks."""
     require(counts, "the list of task counts per rank, from run.results")

@@ -1,16 +1,18 @@
 """Exercise checks for P.6 (data parallelism)."""
 import numpy as np
 
-from . import check_int, check_number, check_run, check_true, reject, require
+from . import CheckFailed, check_int, check_number, check_run, check_true, exercise, reject, require
 from ..data_parallel import effective_batch
 
 
+@exercise
 def ex1(answer):
     """Effective batch of 16 workers x 2 sequences x 4 accumulation steps."""
     check_int(answer, effective_batch(2, 16, 4), what="the effective batch in sequences",
               hint="Multiply everything that contributes examples to one optimiser update.")
 
 
+@exercise
 def ex2(answer):
     """Loss scale for the rank holding 20 of 32 examples on 4 ranks, under DDP's averaging."""
     check_number(answer, 4 * 20 / 32, what="the loss scale of the rank with 20 examples",
@@ -25,6 +27,7 @@ def _full_gradient(X, y, w, eps=1e-3):
     return np.array([(loss(w + e) - loss(w - e)) / (2 * eps) for e in E])
 
 
+@exercise
 def ex3(run, X, y, w):
     """The full-batch gradient on 3 ranks holding 10, 10 and 44 examples; each rank returns (gradient, examples)."""
     check_run(run, 3, ops={"all_reduce": 1}, hint="Combine the ranks' contributions with dist.all_reduce.")
@@ -39,6 +42,7 @@ def ex3(run, X, y, w):
                hint="Weight each rank's mean gradient by its share n_k / B: all_reduce n_k * g_k, then divide by B.")
 
 
+@exercise
 def ex4(answer):
     """Step time with overlap: 300 ms of compute (200 ms of it backward) and a 250 ms all-reduce."""
     from ..costs import step_time
@@ -47,17 +51,19 @@ def ex4(answer):
                  hint="Only the backward can run beside the all-reduce; what it cannot hide adds to the compute.")
 
 
+@exercise
 def ex5(run):
     """A launch of helpers.overlap.hand_ddp_worker on 2 ranks whose steps each issued 3 all-reduces."""
     from ..costs import bucket_assignment
     from ..overlap import max_diff, ready_order_bytes, reference_training
 
-    require(run, "the Run that launch() returned for ov.hand_ddp_worker on 2 ranks")
+    require(run, "the Run that launch returned for ov.hand_ddp_worker on 2 ranks")
     if not (hasattr(run, "comm") and hasattr(run, "results") and run.results and isinstance(run.results[0], dict)
             and "bucket_bytes" in run.results[0]):
-        raise AssertionError("expected the Run of launch(ov.hand_ddp_worker, ...), not its results or another worker's")
+        raise CheckFailed("expected the Run of a launch of ov.hand_ddp_worker, "
+                          "not its results or another worker's")
     if run.world_size != 2:
-        raise AssertionError(f"the exercise asks for 2 ranks; this run had {run.world_size}")
+        raise CheckFailed(f"the exercise asks for 2 ranks; this run had {run.world_size}")
     res = run.results[0]
     ready = ready_order_bytes()
     model = [sum(ready[i] for i in b) for b in bucket_assignment(ready, res["bucket_bytes"])]
@@ -65,12 +71,14 @@ def ex5(run):
     for r in range(2):
         sent = [o.bytes for o in run.comm[r] if o.op == "all_reduce"]
         if sent != model * steps:
-            raise AssertionError(f"rank {r}'s all-reduces do not match the buckets of its bucket size; run the worker unchanged")
+            raise CheckFailed(f"rank {r}'s all-reduces do not match the buckets of its bucket size; "
+                              "run the worker unchanged")
     if len(model) != 3:
-        raise AssertionError(f"with bucket_bytes={res['bucket_bytes']} each step issued {len(model)} all-reduces, not 3. "
+        raise CheckFailed(f"with bucket_bytes={res['bucket_bytes']} each step issued {len(model)} "
+                          "all-reduces, not 3. "
                              "Walk the gradients in backward's order (ov.ready_order_bytes()) and close a bucket at the cap.")
     ref = reference_training(steps=steps)
     if max_diff(res["params"], ref["params"]) > 1e-12:
-        raise AssertionError("the parameters differ from one process's training: keep the worker's defaults")
+        raise CheckFailed("the parameters differ from one process's training: keep the worker's defaults")
     print(f"correct: 3 all-reduces per step on both ranks with {res['bucket_bytes']}-byte buckets, "
           "and the training equals one process's")

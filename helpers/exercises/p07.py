@@ -1,14 +1,16 @@
 """Exercise checks for P.7 (collectives)."""
-from . import check_number, check_run, check_true, op_bytes, reject
+from . import check_number, check_run, check_true, exercise, op_bytes, reject
 from ..collectives import ring_allreduce_bytes
 
 
+@exercise
 def ex1(answer_gb):
     """GB each of 16 devices sends in a ring all-reduce of 1 GB."""
     check_number(answer_gb, ring_allreduce_bytes(16, 1e9) / 1e9, what="the GB each device sends",
                  hint="Count the chunks a device sends in each of the two phases, and the size of one chunk.")
 
 
+@exercise
 def ex2(answer_bytes):
     """Message size at which the latency and bandwidth terms are equal (N=8, α=10 µs, β=50 GB/s)."""
     n, alpha, beta = 8, 10e-6, 50e9
@@ -16,6 +18,7 @@ def ex2(answer_bytes):
                  hint="Set 2(N-1)α equal to 2(N-1)/N · S/β and solve for S.")
 
 
+@exercise
 def ex3(run):
     """An all-reduce of 4000 float64 values built from reduce-scatter + all-gather on 4 ranks, compared with dist.all_reduce."""
     hint = "dist.reduce_scatter_single gives each rank 1/N of the sum; dist.all_gather_single puts the pieces together."

@@ -1,11 +1,12 @@
 """Exercise checks for P.8 (tensor parallelism)."""
 import numpy as np
 
-from . import check_number, check_parts, check_run, check_true, require
+from . import CheckFailed, check_number, check_parts, check_run, check_true, exercise, require
 from .. import tp_numpy as tn
 from ..tensor_parallel import book_p8
 
 
+@exercise
 def ex1(answer):
     """Row split of W = [[1, 2], [3, 4]] on 2 devices, X = [3, -1]: device 1's partial product."""
     require(answer, "device 1's partial product P1, as a list of two numbers")
@@ -13,11 +14,12 @@ def ex1(answer):
     expected = tn.row_parallel(X, np.array([[1, 2], [3, 4]]), 2)[1][0]
     got = np.asarray(answer, dtype=float).ravel()
     if got.shape != (2,):
-        raise AssertionError(f"expected two numbers (one per output column), got {answer!r}")
+        raise CheckFailed(f"expected two numbers (one per output column), got {answer!r}")
     check_true(np.array_equal(got, expected), what="device 1's partial product",
                hint="Device 1 holds the second input row of W and only the matching entry of X.")
 
 
+@exercise
 def ex2(answer):
     """Forward-pass TP communication: 4096 tokens, h = 8192, T = 8, 48 layers, 2 bytes, 400 GB/s."""
     expected = book_p8(tokens=4096, h=8192, t=8, layers=48)["ms per forward"]
@@ -25,6 +27,7 @@ def ex2(answer):
                  hint="Per all-reduce each device sends 2(T-1)/T of the activation bytes; count two per layer.")
 
 
+@exercise
 def ex3(run, X, W):
     """Y = X W with a row split of W on 4 ranks: every rank returns (its partial product, Y after all_reduce)."""
     check_run(run, 4, ops={"all_reduce": 1}, hint="dist.all_reduce adds the partial products.")

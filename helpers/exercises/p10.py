@@ -1,14 +1,16 @@
 """Exercise checks for P.10 (sequence and context parallelism)."""
-from . import check_number, check_run, check_true, op_bytes, reject
+from . import check_number, check_run, check_true, exercise, op_bytes, reject
 from .. import ring_attention as ra
 
 
+@exercise
 def ex1(answer):
     """Bytes of one head's n x n score matrix at n = 32,768 in 16-bit."""
     check_number(answer, ra.score_matrix_bytes(32_768, 2), what="the bytes of the score matrix",
                  hint="n x n entries, each of 16 bits.")
 
 
+@exercise
 def ex2(answer):
     """Bytes sent per device, head-redistribution (all-to-all) design divided by the ring design, p = 8."""
     ratio = ra.ulysses_bytes_per_rank(128_000, 8, 64, 128) / ra.ring_bytes_per_rank(128_000, 8, 64, 128)
@@ -53,6 +55,7 @@ def attention_run_equals_reference(run, s, heads, d, *, world: int, scheme: str,
     check_true(torch.allclose(got, ref, rtol=rtol, atol=atol), what=what, hint=hint)
 
 
+@exercise
 def ex3(run, s, heads, d):
     """All-gather K/V attention (non-causal) on 3 ranks, contiguous partition, equals one-process attention."""
     attention_run_equals_reference(

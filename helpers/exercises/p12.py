@@ -3,11 +3,12 @@ import functools
 
 import numpy as np
 
-from . import check_int, check_number, check_run, check_true
+from . import check_int, check_number, check_run, check_true, exercise
 from ..inference import (build_decoder, decode_inputs, decode_time_per_token, largest_tp_for_efficiency,
                          poisson_workload, run_decoder, simulate, step_cost_from_model)
 
 
+@exercise
 def ex1(answer):
     """Per-token decode time (ms) of a 140 GB model on TP 8, 3,350 GB/s, 80 layers, alpha 10 us."""
     expected = 1e3 * decode_time_per_token(140e9, 3350e9, tp=8, layers=80, allreduces_per_layer=2, alpha=10e-6)["total_s"]
@@ -15,6 +16,7 @@ def ex1(answer):
                  hint="Memory part: the bytes each device reads over its bandwidth; add 2 all-reduces per layer x alpha.")
 
 
+@exercise
 def ex2(answer):
     """Largest power-of-two TP degree with decode efficiency >= 0.5 for the section's example."""
     check_int(answer, largest_tp_for_efficiency(0.5, 14e9, 1000e9, layers=32, alpha=15e-6),
@@ -34,12 +36,14 @@ def smallest_batch_for_p99(limit_s: float = 10.0, rate: float = 6.0, n: int = 10
     raise ValueError("no max_batch up to 64 meets the limit")
 
 
+@exercise
 def ex3(answer):
     """Smallest max_batch for continuous batching with p99 latency < 10 s at 6 requests/s."""
     check_int(answer, smallest_batch_for_p99(), what="the smallest max_batch that meets the p99 target",
               hint="Loop max_batch = 1, 2, ... and simulate each; stop at the first p99 below 10 s.")
 
 
+@exercise
 def ex4(run, cfg, layers: int, steps: int, batch: int):
     """Tensor-parallel decode on 2 ranks (rank 0's result: the outputs, or a dict with 'out') equals the
     single-process decode with the same seeds."""

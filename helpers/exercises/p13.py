@@ -1,8 +1,9 @@
 """Exercise checks for P.13 (the scaling experiment)."""
-from . import check_choice, check_number, require
+from . import CheckFailed, check_choice, check_number, exercise, require
 from .. import amdahl, scaling
 
 
+@exercise
 def ex1(answer):
     """Karp-Flatt fraction of T(1) = 80 s, T(4) = 26 s."""
     check_number(answer, amdahl.karp_flatt(80 / 26, 4), rel=1e-6,
@@ -10,6 +11,7 @@ def ex1(answer):
                  hint="S = T(1)/T(4), then e = (1/S - 1/N) / (1 - 1/N).")
 
 
+@exercise
 def ex2(answer):
     """Gustafson serial fraction of a weak-scaling run: T(1) = 10 s, T(8) = 12.5 s."""
     row = scaling.analyze({1: 10.0, 8: 12.5}, mode="weak")[-1]
@@ -21,6 +23,7 @@ def ex2(answer):
 DIAGNOSES = ("fixed serial part", "overhead growing with N")
 
 
+@exercise
 def ex3(answer):
     """Which diagnosis fits T = 100, 55, 32.5, 25 s on 1, 2, 4, 8 workers."""
     rows = scaling.analyze({1: 100.0, 2: 55.0, 4: 32.5, 8: 25.0})
@@ -30,13 +33,15 @@ def ex3(answer):
                  hint="Compute e at every N and look at its trend, not at its first value.")
 
 
+@exercise
 def ex4(experiment):
     """An experiment the student ran with the protocol on the ranks: weak mode, 1 and 2 ranks, >= 5 repeats,
     3 tasks of 100,000 iterations per worker (sc.rank_measure)."""
     require(experiment, "the Experiment returned by scaling.run_protocol")
     problems = []
     if not isinstance(experiment, scaling.Experiment):
-        raise AssertionError(f"expected the scaling.Experiment that run_protocol returns, got {type(experiment).__name__}")
+        raise CheckFailed(f"expected the scaling.Experiment that run_protocol returns, "
+                          f"got {type(experiment).__name__}")
     if experiment.mode != "weak":
         problems.append("the experiment must run in weak-scaling mode (mode='weak')")
     if sorted(experiment.settings) != [1, 2]:
@@ -52,5 +57,5 @@ def ex4(experiment):
     elif not all(t.result == n * 3 * scaling.work_reference(100_000) for n, t in trials):
         problems.append("the ranks' summed result is not that of 3 tasks of 100,000 iterations per worker")
     if problems:
-        raise AssertionError("not yet: " + "; ".join(problems))
+        raise CheckFailed("not yet: " + "; ".join(problems))
     print("correct: a weak-scaling experiment on 1 and 2 ranks, warm-up discarded, >= 5 repeats each")

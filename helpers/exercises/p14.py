@@ -1,10 +1,11 @@
 """Exercise checks for P.14 (how parallel jobs fail)."""
 import numpy as np
 
-from . import check_number, check_run, check_true, reject
+from . import CheckFailed, check_number, check_run, check_true, exercise, reject
 from ..failures import cluster_mtbf, plain_and_weighted, straggler_arithmetic, token_grad_numpy, young_interval
 
 
+@exercise
 def ex1(answer):
     """Young's interval, in seconds, for 4,096 devices of 80,000 h MTBF and a 120 s checkpoint."""
     check_number(answer, young_interval(120, cluster_mtbf(80_000 * 3600, 4096)), rel=2e-3,
@@ -12,6 +13,7 @@ def ex1(answer):
                  hint="First the job's MTBF (device MTBF over the device count, in seconds), then sqrt(2 C M).")
 
 
+@exercise
 def ex2(answer):
     """Idle fraction of 8 workers, seven at 80 ms and one at 120 ms, with a 10 ms all-reduce."""
     check_number(answer, straggler_arithmetic([80] * 7 + [120], 10)["idle_fraction"], rel=2e-3,
@@ -19,6 +21,7 @@ def ex2(answer):
                  hint="Idle is the worker-time spent waiting for the slowest; divide by workers x step time.")
 
 
+@exercise
 def ex3(run, X, y, seq, w, assignment):
     """The per-token mean gradient of the whole batch on 3 ranks, each holding its sequences of ``assignment``;
     every rank returns (gradient, its token count)."""
@@ -34,7 +37,7 @@ def ex3(run, X, y, seq, w, assignment):
     plain, _ = plain_and_weighted(X, y, seq, w, assignment)
     g = np.asarray(run.results[0][0], dtype=float)
     if g.shape == full.shape and np.allclose(g, plain, rtol=1e-10, atol=1e-12):
-        raise AssertionError("not yet: that is the plain average of per-rank token means, which over-weights "
+        raise CheckFailed("not yet: that is the plain average of per-rank token means, which over-weights "
                              "the ranks with few tokens. Weight each rank by its token count.")
     ok = all(np.shape(gr) == full.shape and np.allclose(np.asarray(gr, dtype=float), full, rtol=1e-10, atol=1e-12)
              for gr, _ in run.results)
