@@ -1,0 +1,74 @@
+"""The slowest notebooks autograded with docs/nbgrader_config.py (issue 25, point 6): nbgrader's own
+per-cell limit of 30 s interrupted 12.4.2's Llama 3 405B fake-world cell in 3 of 6 runs; with the
+config's limit the instructor editions of 12.4.2 and P.14 (the two longest to execute) get full
+marks and no error output. Each cell's time under autograde is printed, beside the limit."""
+import shutil
+import time
+from datetime import datetime
+from pathlib import Path
+
+import nbformat
+import pytest
+from test_nbgrader_course import _nbgrader  # the same nbgrader invocation as the course test
+
+ROOT = Path(__file__).resolve().parents[1]
+SLOWEST = {"c12_4_2": ROOT / "notebooks" / "c12_parallelism_strategies" / "c12_4_2_case_studies.ipynb",
+           "p14": ROOT / "notebooks" / "p_parallel_processing" / "p14_failure_modes.ipynb"}
+
+
+def _config_timeout(text: str) -> float:
+    from traitlets.config import Config
+
+    c = Config()
+    exec(text, {"get_config": lambda: c})
+    return c.Execute.timeout
+
+
+@pytest.fixture(scope="module")
+def autograded(tmp_path_factory):
+    course = tmp_path_factory.mktemp("course")
+    config = (ROOT / "docs" / "nbgrader_config.py").read_text()
+    (course / "nbgrader_config.py").write_text(config + f"c.CourseDirectory.root = {str(course)!r}\n"
+                                              "c.Execute.record_timing = True\n")
+    _nbgrader(course, "db", "student", "add", "complete")
+    for name, src in SLOWEST.items():
+        (course / "source" / name).mkdir(parents=True)
+        shutil.copy(src, course / "source" / name)
+        _nbgrader(course, "db", "assignment", "add", name)
+        _nbgrader(course, "generate_assignment", name, "--force")
+        (course / "submitted" / "complete" / name).mkdir(parents=True)
+        shutil.copy(src, course / "submitted" / "complete" / name)  # the instructor's solutions
+    seconds = {}
+    for name in SLOWEST:
+        t0 = time.monotonic()
+        _nbgrader(course, "autograde", name, "--force")
+        seconds[name] = time.monotonic() - t0
+    from nbgrader.api import Gradebook
+
+    out = {}
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
+        for name, src in SLOWEST.items():
+            (nb,) = gb.find_submission(name, "complete").notebooks
+            graded = nbformat.read(course / "autograded" / "complete" / name / src.name, as_version=4)
+            out[name] = {"scores": {g.name: (g.auto_score, g.max_score) for g in nb.grades}, "nb": graded,
+                         "seconds": seconds[name]}
+    return {"results": out, "timeout": _config_timeout(config)}
+
+
+@pytest.mark.parametrize("name", list(SLOWEST))
+def test_the_slowest_notebooks_get_full_marks_within_the_configured_time(autograded, name):
+    res, limit = autograded["results"][name], autograded["timeout"]
+    assert res["scores"] and all(score == top for score, top in res["scores"].values()), res["scores"]
+    errors = [(i, o.get("ename"), o.get("evalue")) for i, c in enumerate(res["nb"].cells) if c.cell_type == "code"
+              for o in c.get("outputs", []) if o.output_type == "error"]
+    assert not errors, f"{name}: error outputs under autograde: {errors}"
+    cells = []
+    for c in res["nb"].cells:
+        timing = c.get("metadata", {}).get("execution", {})
+        if "iopub.execute_input" in timing and "shell.execute_reply" in timing:
+            start, end = (datetime.fromisoformat(timing[k].replace("Z", "+00:00"))
+                          for k in ("iopub.execute_input", "shell.execute_reply"))
+            cells.append((end - start).total_seconds())
+    # the figures docs/teaching.md quotes (a time, so printed, not asserted: the limit is the config's)
+    print(f"{name}: autograde {res['seconds']:.1f} s, slowest cell {max(cells, default=0):.1f} s, "
+          f"per-cell limit {limit:g} s")
