@@ -263,17 +263,50 @@ def memtracker_class():
     propagation runs inside ``ShardingPropagator._fake_mode_lock``; :func:`measuring` replaces that
     lock by a counter this tracker checks.
     """
-    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker
     from torch.distributed.tensor import DTensor
 
     class _Tracker(MemTracker):
+        _by_fqn, _by_fqn_len = None, -1
+
         def _pre_fw_hook(self, module, inputs):
             # a new micro-batch through the stage (the root): start its module stats afresh
             # (MemTracker refuses a second top-level call of a module; the peak is kept)
             if module in self.memory_tracking and not self._mod_tracker.is_bw:
                 if set(self._mod_tracker.parents) - {self._mod_tracker.get_known_fqn(module)} == {"Global"}:
                     del self.memory_tracking[module]
+            self._by_fqn = None  # memory_tracking and the modules' names change only here
             super()._pre_fw_hook(module, inputs)
+
+        def reset_mod_stats(self):
+            self._by_fqn = None
+            super().reset_mod_stats()
+
+        def _update_peak_stats(self, peak_state):
+            # MemTracker's own (torch 2.13.0, mem_tracker.py: _update_peak_stats, a private method)
+            # runs after every op and walks every module it has seen (a WeakIdKeyDictionary whose
+            # iteration costs a failing hasattr per module): O(ops x modules), a third of a trace.
+            # The same updates, in the same state: the modules whose name is among the active
+            # parents are looked up by name (an index rebuilt when memory_tracking changes), and
+            # the snapshots (flat dicts of ints) are copied with dict() instead of deepcopy().
+            curr_snap = self._curr_mem_snap
+            by_fqn = self._by_fqn
+            if by_fqn is None or len(self.memory_tracking.data) != self._by_fqn_len:
+                by_fqn = self._by_fqn = {}
+                for mod_stats in self.memory_tracking.values():
+                    by_fqn.setdefault(mod_stats.mod_fqn, []).append(mod_stats)
+                self._by_fqn_len = len(self.memory_tracking.data)
+            for fqn in self._mod_tracker.parents:
+                for mod_stats in by_fqn.get(fqn, ()):
+                    if peak_state in mod_stats.snapshots:
+                        for dev, dev_snap in curr_snap.items():
+                            if mod_stats.local_peak.get(dev, 0) < dev_snap[_TOTAL_KEY]:
+                                mod_stats.local_peak[dev] = dev_snap[_TOTAL_KEY]
+                                mod_stats.snapshots[peak_state][-1][dev] = dict(dev_snap)
+            for dev, dev_snap in curr_snap.items():
+                if self._peak_mem.get(dev, 0) < dev_snap[_TOTAL_KEY]:
+                    self._peak_mem[dev] = dev_snap[_TOTAL_KEY]
+                    self._peak_mem_snap[dev] = dict(dev_snap)
 
         def __enter__(self):
             self._thread = threading.get_ident()
