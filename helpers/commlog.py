@@ -139,6 +139,23 @@ def _group_size(args) -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
 
 
+def record_call(log: "CommLog", func, args, kwargs) -> None:
+    """Record ``func(*args, **kwargs)`` in ``log`` if it is a communication op (what the
+    dispatch mode of :class:`CommLog` does with each op; also for a mode that records on its
+    behalf, :mod:`helpers.fake_step`'s)."""
+    ns = func.namespace
+    table = _OPS if ns == "c10d" else _FUNCTIONAL if ns == "_c10d_functional" else None
+    if table is None:
+        return
+    name = func.__name__.split(".")[0]
+    if name in table:
+        op, idx = table[name]
+        nbytes = 0 if idx is None else _tensor_bytes(args[idx])
+        # a functional all-gather receives its input: the whole buffer is group size x that
+        whole = ns == "_c10d_functional" and op == "all_gather"
+        log.record(op, nbytes, list(args) + list(kwargs.values()), name, per_member=whole)
+
+
 def _make_mode_class():
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -149,15 +166,7 @@ def _make_mode_class():
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
-            ns = func.namespace
-            name = func.__name__.split(".")[0]
-            table = _OPS if ns == "c10d" else _FUNCTIONAL if ns == "_c10d_functional" else None
-            if table is not None and name in table:
-                op, idx = table[name]
-                nbytes = 0 if idx is None else _tensor_bytes(args[idx])
-                # a functional all-gather receives its input: the whole buffer is group size x that
-                whole = ns == "_c10d_functional" and op == "all_gather"
-                self.log.record(op, nbytes, list(args) + list(kwargs.values()), name, per_member=whole)
+            record_call(self.log, func, args, kwargs)
             return func(*args, **kwargs)
 
     return _Recorder

@@ -263,33 +263,109 @@ def memtracker_class():
     propagation runs inside ``ShardingPropagator._fake_mode_lock``; :func:`measuring` replaces that
     lock by a counter this tracker checks.
     """
-    from torch.distributed._tools.mem_tracker import MemTracker
+    from functools import partial
+    from threading import get_ident
+
+    from torch._guards import active_fake_mode
+    from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _MemRefType, _ModState
     from torch.distributed.tensor import DTensor
+    from torch.utils._pytree import tree_map_only
+
+    from .commlog import record_call
 
     class _Tracker(MemTracker):
+        _by_fqn, _by_fqn_len = None, -1
+
         def _pre_fw_hook(self, module, inputs):
             # a new micro-batch through the stage (the root): start its module stats afresh
             # (MemTracker refuses a second top-level call of a module; the peak is kept)
             if module in self.memory_tracking and not self._mod_tracker.is_bw:
                 if set(self._mod_tracker.parents) - {self._mod_tracker.get_known_fqn(module)} == {"Global"}:
                     del self.memory_tracking[module]
+            self._by_fqn = None  # memory_tracking and the modules' names change only here
             super()._pre_fw_hook(module, inputs)
+
+        def reset_mod_stats(self):
+            self._by_fqn = None
+            super().reset_mod_stats()
+
+        def _update_peak_stats(self, peak_state):
+            # MemTracker's own (torch 2.13.0, mem_tracker.py: _update_peak_stats, a private method)
+            # runs after every op and walks every module it has seen (a WeakIdKeyDictionary whose
+            # iteration costs a failing hasattr per module): O(ops x modules), a third of a trace.
+            # The same updates, in the same state: the modules whose name is among the active
+            # parents are looked up by name (an index rebuilt when memory_tracking changes), and
+            # the snapshots (flat dicts of ints) are copied with dict() instead of deepcopy().
+            curr_snap = self._curr_mem_snap
+            by_fqn = self._by_fqn
+            if by_fqn is None or len(self.memory_tracking.data) != self._by_fqn_len:
+                by_fqn = self._by_fqn = {}
+                for mod_stats in self.memory_tracking.values():
+                    by_fqn.setdefault(mod_stats.mod_fqn, []).append(mod_stats)
+                self._by_fqn_len = len(self.memory_tracking.data)
+            for fqn in self._mod_tracker.parents:
+                for mod_stats in by_fqn.get(fqn, ()):
+                    if peak_state in mod_stats.snapshots:
+                        for dev, dev_snap in curr_snap.items():
+                            if mod_stats.local_peak.get(dev, 0) < dev_snap[_TOTAL_KEY]:
+                                mod_stats.local_peak[dev] = dev_snap[_TOTAL_KEY]
+                                mod_stats.snapshots[peak_state][-1][dev] = dict(dev_snap)
+            for dev, dev_snap in curr_snap.items():
+                if self._peak_mem.get(dev, 0) < dev_snap[_TOTAL_KEY]:
+                    self._peak_mem[dev] = dev_snap[_TOTAL_KEY]
+                    self._peak_mem_snap[dev] = dict(dev_snap)
 
         def __enter__(self):
             self._thread = threading.get_ident()
             return super().__enter__()
 
+        @classmethod
+        def _should_skip_dynamo(cls):
+            # no torch.compile runs under this mode: its __torch_dispatch__ need not be wrapped in
+            # dynamo's disable (TorchDispatchMode.__init_subclass__, torch 2.13.0), a wrapper
+            # that costs four eval-frame switches per op
+            return False
+
+        comm_log = None  # a CommLog this mode records in (for it: one dispatch mode fewer per op)
+
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if self.comm_log is not None:  # what CommLog's own mode, just above this one, would do
+                record_call(self.comm_log, func, args, kwargs or {})
             # gloo runs collectives on its own threads, which inherit the dispatch modes: what it
             # allocates there is the backend's scratch (NCCL's never reaches PyTorch at all)
-            if _PROPAGATING[0] or threading.get_ident() != self._thread:
+            if _PROPAGATING[0] or get_ident() != self._thread:
                 return func(*args, **(kwargs or {}))
             # a view allocates nothing: a storage first seen through a view is a kernel's internal
             # scratch (the CPU fallback of FSDP's chunk_cat copy-in; the GPU kernel has none)
             if func.is_view and not any(issubclass(t, DTensor) for t in types):
                 return func(*args, **(kwargs or {}))
-            return super().__torch_dispatch__(func, types, args, kwargs)
+            # MemTracker.__torch_dispatch__ (torch 2.13.0), inlined: the same steps in the same
+            # order, without a second wrapped call per op; a single tensor output is tracked
+            # directly (tree_map_only calls the same function on it)
+            if any(t == DTensor for t in types):
+                return NotImplemented
+            if func is wait_tensor and active_fake_mode():
+                res = args[0]
+            else:
+                res = func(*args, **(kwargs or {}))
+            if active_fake_mode() is self._fake_mode_on_entry:
+                if self._in_opt:
+                    reftype = _MemRefType.OPT
+                elif self._mod_tracker.is_bw and not self._in_ac:
+                    reftype = _MemRefType.TEMP
+                else:
+                    reftype = _MemRefType.ACT
+                if type(res) in _TENSOR_TYPES:
+                    self._track(reftype, res)
+                else:
+                    tree_map_only(torch.Tensor, partial(self._track, reftype), res)
+                self._update_peak_stats(_ModState.PEAK_BW if self._mod_tracker.is_bw else _ModState.PEAK_FW)
+            return res
 
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    _TENSOR_TYPES = (torch.Tensor, FakeTensor)  # leaves of tree_map_only, exactly (no pytree node)
+    wait_tensor = torch.ops._c10d_functional.wait_tensor.default
     return _Tracker
 
 
@@ -323,7 +399,19 @@ def flop_counter():
     from torch.distributed.tensor import DTensor
     from torch.utils.flop_counter import _FlopCounterMode
 
+    not_counted = frozenset({  # _FlopCounterMode.__torch_dispatch__'s (torch 2.13.0) set, built once
+        aten.sym_is_contiguous.default, aten.is_contiguous.default, aten.is_contiguous.memory_format,
+        aten.is_strides_like_format.default, aten.is_non_overlapping_and_dense.default, aten.size.default,
+        aten.sym_size.default, aten.stride.default, aten.sym_stride.default, aten.storage_offset.default,
+        aten.sym_storage_offset.default, aten.numel.default, aten.sym_numel.default, aten.dim.default,
+        torch.ops.prim.layout.default})
+    device_op = torch.ops.prim.device.default
+
     class _LocalMode(_FlopCounterMode):
+        @classmethod
+        def _should_skip_dynamo(cls):
+            return False  # no torch.compile here: no dynamo-disable wrapper per op (see memtracker_class)
+
         # DTensor ops carry global shapes: let DTensor turn them into the local ops this rank runs
         # (counted then), and skip the global-shape ops of its sharding propagation
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -331,7 +419,21 @@ def flop_counter():
                 return NotImplemented
             if _PROPAGATING[0]:
                 return func(*args, **(kwargs or {}))
-            return super().__torch_dispatch__(func, types, args, kwargs)
+            # then _FlopCounterMode.__torch_dispatch__ (torch 2.13.0), inlined step by step:
+            # one Python call per op instead of two wrapped ones
+            kwargs = kwargs if kwargs else {}
+            if func in not_counted:
+                return NotImplemented
+            if isinstance(func, torch._ops.HigherOrderOperator):
+                return self._handle_higher_order_ops(func, types, args, kwargs)
+            counter = self.counter
+            if func not in counter.flop_registry and func is not device_op:
+                with self:
+                    r = func.decompose(*args, **kwargs)
+                    if r is not NotImplemented:
+                        return r
+            out = func(*args, **kwargs)
+            return counter._count_flops(func._overloadpacket, out, args, kwargs)
 
     class _Counter(FlopCounterMode):
         def __enter__(self):
@@ -416,7 +518,11 @@ def _measure(model, layout, parts, m, *, init, boundaries, t0, warm):
         if boundaries:
             marks.append((kind, i, len(log.ops), flops.get_total_flops()))
 
-    with tracker, CommLog() as log, flops:
+    # the tracker records the communication for the log (the same ops, in the same order, as a
+    # CommLog mode between the FLOP counter and the tracker would see: that mode passes every op on)
+    log = CommLog(record_comm=False)
+    tracker.comm_log = log
+    with tracker, log, flops:
         run_step(model, layout, parts, m, on_boundary=mark, warm=warm)
         close_phase()
     peak = max(phases.values(), key=lambda snap: snap["total"])
