@@ -149,6 +149,11 @@ def check(model: Model, layout: Layout, world_size: int | None = None, stages=No
         raise ValueError("only dense decoders with standard attention are built (no experts, no latent attention)")
     if layout.ep > 1 or layout.v > 1:
         raise ValueError("expert parallelism (ep > 1) and interleaved stages (v > 1) are not simulated")
+    if layout.recompute not in ("none", "full"):
+        # refused, never traced as "none": the planner's "selective" is Korthikanti's formula, which
+        # the traced step does not apply (checkpointing chosen ops is not built yet)
+        raise ValueError(f"recompute={layout.recompute!r} is not traced: the fake world runs recompute='none' "
+                         "or 'full' (selective recomputation exists only as the planner's formula)")
     t = layout.tp
     validate.divides(t, model.heads, "TP must divide the attention heads")
     validate.divides(t, model.kv, "TP must divide the KV heads")
