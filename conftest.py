@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parent
 SKIP_PARTS = {".venv", "__pycache__", ".git"}
 _TIMELINE = os.environ.get("WORKBOOK_TEST_TIMELINE")
 _starts: dict[str, float] = {}
+_xdist_controller = False
 
 
 def _is_controller(config) -> bool:
@@ -75,6 +76,8 @@ def changed_paths(before: dict, after: dict) -> list[str]:
 
 
 def pytest_configure(config):
+    global _xdist_controller
+    _xdist_controller = _is_controller(config) and bool(getattr(config.option, "numprocesses", None))
     if _is_controller(config):
         config._checkout_before = checkout_snapshot()
         # one folder for every worker's (and kernel's) kept traces, removed at the end
@@ -84,7 +87,9 @@ def pytest_configure(config):
 
 
 def pytest_runtest_logstart(nodeid, location):
-    if _TIMELINE:
+    # on the process that runs the test (an xdist worker, or pytest alone); xdist's controller
+    # sees the same events again from the workers' reports
+    if _TIMELINE and (os.environ.get("PYTEST_XDIST_WORKER") or not _xdist_controller):
         _starts[nodeid] = time.time()
 
 

@@ -4,6 +4,7 @@ config's limit the instructor editions of 12.4.2 and P.14 (the two longest to ex
 marks and no error output. Each cell's time under autograde is printed, beside the limit."""
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
 
@@ -24,35 +25,37 @@ def _config_timeout(text: str) -> float:
     return c.Execute.timeout
 
 
-@pytest.fixture(scope="module")
-def autograded(tmp_path_factory):
-    course = tmp_path_factory.mktemp("course")
-    config = (ROOT / "docs" / "nbgrader_config.py").read_text()
-    (course / "nbgrader_config.py").write_text(config + f"c.CourseDirectory.root = {str(course)!r}\n"
-                                              "c.Execute.record_timing = True\n")
+def _grade(course: Path, name: str, src: Path, config: str) -> dict:
+    """One course with one assignment and one submission, the instructor's: autograded."""
+    (course / "nbgrader_config.py").write_text(config + f"c.CourseDirectory.root = {str(course)!r}\n")
+    (course / "source" / name).mkdir(parents=True)
+    shutil.copy(src, course / "source" / name)
     _nbgrader(course, "db", "student", "add", "complete")
-    for name, src in SLOWEST.items():
-        (course / "source" / name).mkdir(parents=True)
-        shutil.copy(src, course / "source" / name)
-        _nbgrader(course, "db", "assignment", "add", name)
-        _nbgrader(course, "generate_assignment", name, "--force")
-        (course / "submitted" / "complete" / name).mkdir(parents=True)
-        shutil.copy(src, course / "submitted" / "complete" / name)  # the instructor's solutions
-    seconds = {}
-    for name in SLOWEST:
-        t0 = time.monotonic()
-        _nbgrader(course, "autograde", name, "--force")
-        seconds[name] = time.monotonic() - t0
+    _nbgrader(course, "db", "assignment", "add", name)
+    _nbgrader(course, "generate_assignment", name, "--force")
+    (course / "submitted" / "complete" / name).mkdir(parents=True)
+    shutil.copy(src, course / "submitted" / "complete" / name)  # the instructor's solutions
+    t0 = time.monotonic()
+    _nbgrader(course, "autograde", name, "--force")
+    seconds = time.monotonic() - t0
     from nbgrader.api import Gradebook
 
-    out = {}
     with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
-        for name, src in SLOWEST.items():
-            (nb,) = gb.find_submission(name, "complete").notebooks
-            graded = nbformat.read(course / "autograded" / "complete" / name / src.name, as_version=4)
-            out[name] = {"scores": {g.name: (g.auto_score, g.max_score) for g in nb.grades}, "nb": graded,
-                         "seconds": seconds[name]}
-    return {"results": out, "timeout": _config_timeout(config)}
+        (nb,) = gb.find_submission(name, "complete").notebooks
+        scores = {g.name: (g.auto_score, g.max_score) for g in nb.grades}
+    graded = nbformat.read(course / "autograded" / "complete" / name / src.name, as_version=4)
+    return {"scores": scores, "nb": graded, "seconds": seconds}
+
+
+@pytest.fixture(scope="module")
+def autograded(tmp_path_factory):
+    config = (ROOT / "docs" / "nbgrader_config.py").read_text()
+    # one course each, graded side by side: much of P.14 is ranks waiting on injected faults
+    with ThreadPoolExecutor(len(SLOWEST)) as pool:
+        futures = {name: pool.submit(_grade, tmp_path_factory.mktemp(f"course_{name}"), name, src, config)
+                   for name, src in SLOWEST.items()}
+        results = {name: f.result() for name, f in futures.items()}
+    return {"results": results, "timeout": _config_timeout(config)}
 
 
 @pytest.mark.parametrize("name", list(SLOWEST))

@@ -561,15 +561,21 @@ def test_a_saved_notebook_reopens_with_working_controls(page, lab):
     page.wait_for_function(RAN, arg=need, timeout=180_000, polling=300)
     _wait(lambda: page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .widget-inline-hbox").count() > 0, 30)
     page.evaluate("async () => { await window.__wb.context.save(); }")  # what autosave does
+    from helpers.nbfiles import RUN_NOTE
+
     stored = json.loads(path.read_text())
     assert not any("application/vnd.jupyter.widget-view+json" in (o.get("data") or {})
                    for c in stored["cells"] for o in c.get("outputs", [])), "the save stored a live widget view"
+    for i in controls:  # each control's view was replaced by the note and its start outputs
+        assert RUN_NOTE in "".join("".join(o.get("text", "")) for o in stored["cells"][i]["outputs"]), i
     page.evaluate(CLOSE, True)
     page.evaluate(OPEN, [rel, None])
     page.wait_for_function(KERNEL_READY, timeout=90_000, polling=200)
     panel = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden)")
-    text = " ".join(panel.locator(".jp-OutputArea").all_text_contents())
-    assert "Error displaying widget" not in text and "Run this cell to get the controls" in text
+    for i in controls:  # JupyterLab draws cells as they scroll into view: each is brought there
+        _cell_node(page, i)
+        _wait(lambda: "Run this cell to get the controls" in _output_text(_cell_node(page, i)), 30)
+    assert "Error displaying widget" not in " ".join(panel.locator(".jp-OutputArea").all_text_contents())
     page.evaluate(RUN_CELLS, need)
     page.wait_for_function(RAN, arg=need, timeout=180_000, polling=300)
     _wait(lambda: panel.locator(".widget-inline-hbox").count() > 0, 30)
