@@ -147,9 +147,14 @@ def test_flops_are_this_ranks_own():
     matmul and attention (the norms and the loss count no FLOPs), DP does not change a rank's."""
     one = fw.simulate(TINY, Layout(dp=1, zero=3), micro_batches=1)
     assert fw.simulate(TINY, Layout(dp=1, tp=2, zero=3), micro_batches=1).flops * 2 == one.flops
-    # forward + backward = 3 x the forward's matmuls: 6 FLOPs per weight per token in the blocks
-    tokens, counted = TINY.seq_len, sum(_param_counts(TINY))
-    assert one.flops > 6 * tokens * (counted - TINY.vocab * TINY.hidden - TINY.hidden * (2 * TINY.layers + 1))
+    # forward + backward = 3 x the forward's matmuls: 6 FLOPs per weight per token (the blocks'
+    # matrices and the output head; the embedding and the norms do no matmul), and attention as
+    # PyTorch's counter defines it: 2 bmms of 2 b H s^2 d forward (sdpa_flop_count), 5 backward
+    # (sdpa_backward_flop_count: the scores recomputed, then dV, dP, dQ, dK)
+    m, h, tokens = TINY, TINY.hidden, TINY.seq_len
+    matmul = m.layers * (h * m.heads * m.hd * 2 + 2 * h * m.kv * m.hd + 3 * h * m.ffn) + h * m.vocab
+    attention = m.layers * (2 + 5) * 2 * m.heads * m.seq_len ** 2 * m.hd
+    assert one.flops == 6 * tokens * matmul + attention
 
 
 def test_norm_and_dropout_keep_what_the_gpu_kernels_keep():
@@ -219,3 +224,53 @@ def test_collective_counts_agree_with_commdebugmode():
         kind = next(k for k in ("all_gather", "reduce_scatter", "all_reduce") if k.replace("_", "") in str(op).replace("_", ""))
         theirs[kind] = theirs.get(kind, 0) + n
     assert theirs == {k: v["calls"] for k, v in r.comm_by_kind().items()} and len(theirs) == 3
+
+
+def test_zero1_reduces_once_per_step_zero2_every_micro_batch():
+    """FSDP2 over DP2, 4 micro-batches, 3 FSDP units (2 blocks + the stage's embedding, norm and
+    head): under ZeRO-1 and ZeRO-2 the BF16 weights are gathered once per step (kept unsharded
+    until the last backward); ZeRO-1 reduce-scatters the FP32 gradients once per step, after the
+    last micro-batch, ZeRO-2 after every micro-batch. 3 of the 4 micro-batches are traced, the
+    4th added from a measured steady one: it must not repeat the first one's weight gather (the
+    figures equal a trace of everything)."""
+    params, m = sum(_param_counts(TINY)), 4
+    for zero, syncs in ((1, 1), (2, m)):
+        lay = Layout(dp=2, zero=zero)
+        part = fw.simulate(TINY, lay, micro_batches=m)
+        assert part.notes, "nothing was extrapolated: the test would not test the extrapolation"
+        rows = {(c["kind"], c["axis"], c["group_size"]): c for c in part.comm}
+        assert set(rows) == {("all_gather", "dp", 2), ("reduce_scatter", "dp", 2)}
+        ag, rs = rows["all_gather", "dp", 2], rows["reduce_scatter", "dp", 2]
+        assert (ag["calls"], ag["bytes"]) == (3, 2 * params), zero
+        assert (rs["calls"], rs["bytes"]) == (3 * syncs, 4 * params * syncs), zero
+        full = fw.simulate(TINY, lay, micro_batches=m, extrapolate=False)
+        assert (part.memory, part.held, part.comm, part.flops) == (full.memory, full.held, full.comm, full.flops)
+
+
+def test_fsdp_shards_over_dp_times_cp():
+    """CP ranks hold the same weights as their DP peers: ZeRO-3 shards, gathers and reduce-scatters
+    over the DP x CP ranks (one group of dp * cp = 4), and each rank keeps a quarter of the FP32
+    master weights and moments; the CP group of 2 carries only K and V."""
+    r = fw.simulate(TINY, Layout(dp=2, cp=2, zero=3), micro_batches=1)
+    params, tensors = sum(_param_counts(TINY)), 9 * TINY.layers + 3
+    fsdp = {(c["kind"], c["axis"], c["group_size"]): c for c in r.comm if c["axis"] != "cp"}
+    assert set(fsdp) == {("all_gather", "dp_cp", 4), ("reduce_scatter", "dp_cp", 4)}
+    assert fsdp["all_gather", "dp_cp", 4]["calls"] == 3 * 2  # forward and backward, 3 FSDP units
+    assert fsdp["all_gather", "dp_cp", 4]["bytes"] == 2 * 2 * params  # BF16, twice
+    assert fsdp["reduce_scatter", "dp_cp", 4]["bytes"] == 4 * params  # FP32, once
+    assert {c["group_size"] for c in r.comm if c["axis"] == "cp"} == {2}
+    assert r.held["parameters"] == 4 * params // 4
+    assert r.held["optimizer"] == 2 * 4 * params // 4 + 4 * tensors
+
+
+def test_gpt_blocks_have_two_mlp_matrices_and_two_dropout_masks():
+    """A GPT-style block (mlp_matrices=2, no vocabulary): Q, K, V, O of h x h, two h x ffn MLP
+    matrices (no gate), two norms; with dropout after attention and after the MLP, each layer
+    keeps two 1-byte masks of s x b x h more (b x s large enough that the peak is where backward
+    starts, with every layer's activations held)."""
+    gpt = Model("gpt", layers=2, hidden=64, heads=4, ffn=256, seq_len=128)
+    lay, h, b = Layout(dp=1, zero=3, micro_batch=4), gpt.hidden, 4
+    off, on = (fw.simulate(gpt, lay, micro_batches=1, dropout=d) for d in (False, True))
+    params = gpt.layers * (4 * h * h + 2 * h * gpt.ffn + 2 * h) + h  # + the last stage's final norm
+    assert off.held["parameters"] == on.held["parameters"] == 4 * params  # FP32 master weights
+    assert on.memory["activations"] - off.memory["activations"] == gpt.layers * 2 * gpt.seq_len * b * h
