@@ -42,7 +42,7 @@ DEFAULT_OUT = ROOT / "site"
 _ROW = re.compile(r"^\| (P\.\d+|12\.\d\.\d) \| `(notebooks/[^`]+\.ipynb)` \| (.*) \|$")
 _LAUNCH = re.compile(r"\blaunch\s*\(")
 _LEDGER_CALL = re.compile(r"\b(errata\.show|claims\.show_ledger)\s*\(")
-_TRACE_LINK = re.compile(r"<a href='(traces/[^']+)'[^>]*>(.*?)</a>", re.S)
+_TRACE_LINK = re.compile(r"<a href='(\.?traces/[^']+)'[^>]*>(.*?)</a>", re.S)
 # anything a page would fetch from another host: a script, a stylesheet, an image, a font
 _REMOTE = re.compile(r"""<(?:script|link|img|iframe|source)\b[^>]*\b(?:src|href)=["'](?:https?:)?//""", re.I)
 
