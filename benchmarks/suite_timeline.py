@@ -30,7 +30,7 @@ def main(path: str, top: int = 15) -> None:
         busy = sum(r["end"] - r["start"] for r in rs)
         print(f"  {w:6s} {min(r['start'] for r in rs) - t0:6.0f} -> {max(r['end'] for r in rs) - t0:6.0f} s, "
               f"busy {busy:6.0f} s, {len(rs)} tests")
-    print(f"longest files (sum of their tests), worker, start -> end:")
+    print("longest files (sum of their tests), worker, start -> end:")
     for f, rs in sorted(files.items(), key=lambda kv: -sum(r["end"] - r["start"] for r in kv[1]))[:top]:
         print(f"  {sum(r['end'] - r['start'] for r in rs):6.1f} s  {rs[0]['worker']:5s} "
               f"{min(r['start'] for r in rs) - t0:5.0f} -> {max(r['end'] for r in rs) - t0:5.0f}  {f}")

@@ -15,7 +15,6 @@ import numpy as np
 from . import costs
 from .validate import integer_at_least
 
-
 # ---- numpy: the ring, step by step -----------------------------------------------------------
 
 @dataclass

@@ -10,7 +10,6 @@ import numpy as np
 
 from .validate import equal_parts, index_below, integer_at_least
 
-
 # ---- numpy: the P.6 example ------------------------------------------------------------------
 
 def mse_grad(X: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:

@@ -24,8 +24,8 @@ import time
 
 import numpy as np
 
-from .validate import durations as _durations, integer_at_least as _positive_int
-
+from .validate import durations as _durations
+from .validate import integer_at_least as _positive_int
 
 # ---- 1. synchronisation: the barrier ---------------------------------------------------------
 

@@ -34,8 +34,7 @@ import torch.nn.functional as F
 
 from . import costs
 from .commlog import as_tuples, mark, ops_since
-from .moe_numpy import check_layout, reference, problem, token_groups
-
+from .moe_numpy import check_layout, problem, reference, token_groups
 
 # ---- the all-to-all with its backward ------------------------------------------------------------
 

@@ -30,11 +30,27 @@ import time
 
 import numpy as np
 
-from .failures_numpy import (balance_by_tokens, bits_differ, cluster_mtbf, expected_wall_time, first_order_overhead,
-                             make_token_batch, micro_shard_partials, optimal_interval, plain_and_weighted,
-                             sequences_per_rank, simulate_checkpointing, straggler_arithmetic, straggler_from_measurement,
-                             sum_in_order, token_grad_numpy, token_imbalance, young_interval)
-from .validate import equal_parts, integer_at_least as _pos_int
+from .failures_numpy import (
+    balance_by_tokens,
+    bits_differ,
+    cluster_mtbf,
+    expected_wall_time,
+    first_order_overhead,
+    make_token_batch,
+    micro_shard_partials,
+    optimal_interval,
+    plain_and_weighted,
+    sequences_per_rank,
+    simulate_checkpointing,
+    straggler_arithmetic,
+    straggler_from_measurement,
+    sum_in_order,
+    token_grad_numpy,
+    token_imbalance,
+    young_interval,
+)
+from .validate import equal_parts
+from .validate import integer_at_least as _pos_int
 
 __all__ = [
     # failures_numpy

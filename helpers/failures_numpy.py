@@ -18,8 +18,9 @@ import math
 
 import numpy as np
 
-from .validate import durations as _durations, integer_at_least as _pos_int, positive_number as _pos_real
-
+from .validate import durations as _durations
+from .validate import integer_at_least as _pos_int
+from .validate import positive_number as _pos_real
 
 # ==== 1. stragglers ===============================================================================
 

@@ -17,8 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from .memory import GB
-from .planner import (Cluster, Layout, Model, Rules, assess, book_70b, book_100b, h100_cluster, p11_40b,
-                      p11_cluster)
+from .planner import Cluster, Layout, Model, Rules, assess, book_70b, book_100b, h100_cluster, p11_40b, p11_cluster
 
 PYTORCH = {"activation_model": "pytorch"}
 

@@ -112,8 +112,7 @@ def fake_world(world_size: int, rank: int = 0):
 def _clear_dtensor_caches():
     """DTensor caches sharding decisions keyed by specs whose meshes compare equal across worlds;
     a cached entry from an earlier (destroyed) world would name its dead process groups."""
-    from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor import _redistribute
+    from torch.distributed.tensor import DTensor, _redistribute
     from torch.distributed.tensor._collective_utils import MeshTopoInfo
     from torch.distributed.tensor.debug import _clear_sharding_prop_cache
 

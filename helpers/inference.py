@@ -34,7 +34,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import costs
-from .validate import index_below, integer_at_least as _int, positive_number as _pos
+from .validate import index_below
+from .validate import integer_at_least as _int
+from .validate import positive_number as _pos
 
 MECHANISMS = {
     "replicas": {"improves": "throughput and queueing delay (requests wait less)",

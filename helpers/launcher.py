@@ -51,7 +51,10 @@ from dataclasses import dataclass, field
 from . import pool as kernel_pool
 from .collect import ask_status, collect, print_outputs
 from .commlog import CommOp, Span, summarize
-from .pool import Interrupts, kernel_dir, live_worker_pids, shutdown  # the last three: public here too
+from .pool import Interrupts
+from .pool import kernel_dir as kernel_dir  # public here too: notebooks import them from launcher
+from .pool import live_worker_pids as live_worker_pids
+from .pool import shutdown as shutdown
 from .validate import integer_at_least, positive_number
 
 BACKENDS = ("gloo", "nccl")

@@ -81,7 +81,6 @@ def fsdp_prefetch_worker(widths=PREFETCH_WIDTHS, batch: int = 256, steps: int = 
     and ``ops`` [(op, layer, issue time)] in seconds since the step began, ``loss``, the local
     gradient shards ``grads`` (dim-0 slices, as :func:`helpers.zero.assemble_dim0` expects), and
     the step's wall time."""
-    import torch
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
 

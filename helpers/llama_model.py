@@ -196,8 +196,12 @@ def tp_plan(stage: Stage, sequence_parallel: bool) -> tuple:
     The output head returns vocabulary-sharded logits for ``loss_parallel``.
     """
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
-                                                   SequenceParallel)
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
 
     sp = sequence_parallel
     act = Shard(1) if sp else Replicate()

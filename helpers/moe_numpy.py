@@ -34,7 +34,6 @@ import numpy as np
 from . import costs
 from .validate import equal_parts, integer_at_least, positive_number
 
-
 # ---- constraints and data ------------------------------------------------------------------------
 
 def check_layout(experts: int, top_k: int, ranks: int = 1, capacity_factor=None) -> int:

@@ -28,10 +28,32 @@ import textwrap
 from dataclasses import dataclass, replace
 
 from .memory import GB
-from .planner_assess import ACTIVATION_MODELS, RECOMPUTE, RECOMPUTE_POLICIES, Assessment, Layout, Rules, activation_bytes, assess, step_time
+from .planner_assess import (
+    ACTIVATION_MODELS,
+    RECOMPUTE,
+    RECOMPUTE_POLICIES,
+    Assessment,
+    Layout,
+    Rules,
+    activation_bytes,
+    assess,
+    step_time,
+)
 from .planner_recipes import book_12_4_1, book_p11, decision_sequence, rule_of_thumb
-from .planner_specs import (DATA, Cluster, Model, a100_cluster, book_70b, book_100b, book_175b, divisors, h100_cluster,
-                            hardware, p11_40b, p11_cluster)
+from .planner_specs import (
+    DATA,
+    Cluster,
+    Model,
+    a100_cluster,
+    book_70b,
+    book_100b,
+    book_175b,
+    divisors,
+    h100_cluster,
+    hardware,
+    p11_40b,
+    p11_cluster,
+)
 
 __all__ = ["DATA", "ACTIVATION_MODELS", "RECOMPUTE", "RECOMPUTE_POLICIES", "Model", "Cluster", "hardware", "h100_cluster", "a100_cluster",
            "divisors", "book_70b", "book_100b", "book_175b", "p11_40b", "p11_cluster", "Layout", "Rules", "Assessment",

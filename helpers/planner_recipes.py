@@ -17,7 +17,6 @@ from .pipeline_schedule import bubble_formula
 from .planner_assess import RECOMPUTE, Assessment, Layout, Rules, activation_bytes, assess
 from .planner_specs import Cluster, Model, divisors
 
-
 # ---- the chapters' recipes ---------------------------------------------------------------------------------
 
 def _fits(model, cluster, global_batch, layout, rules):

@@ -27,11 +27,32 @@ import time
 import numpy as np
 
 from .ring_core import RingConfig, ring_attention, ring_backward, ring_forward
-from .ring_kernel import (BufferMeter, acc_dtype, block_backward, block_forward, merge_into, tile_plan, tolerance,
-                          track)
-from .ring_partition import (SCHEMES, allgather_kv_bytes_per_rank, allowed, attention_flops, kv_bytes, padded_length,
-                             partition_indices, ring_backward_bytes_per_rank, ring_bytes_per_rank, ring_step_times,
-                             score_matrix_bytes, tile_ok, ulysses_bytes_per_rank, work_table)
+from .ring_kernel import (
+    BufferMeter,
+    acc_dtype,
+    block_backward,
+    block_forward,
+    merge_into,
+    tile_plan,
+    tolerance,
+    track,
+)
+from .ring_partition import (
+    SCHEMES,
+    allgather_kv_bytes_per_rank,
+    allowed,
+    attention_flops,
+    kv_bytes,
+    padded_length,
+    partition_indices,
+    ring_backward_bytes_per_rank,
+    ring_bytes_per_rank,
+    ring_step_times,
+    score_matrix_bytes,
+    tile_ok,
+    ulysses_bytes_per_rank,
+    work_table,
+)
 from .validate import integer_at_least
 
 __all__ = [

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from .ring_kernel import BufferMeter, acc_dtype, block_backward, block_forward, merge_into, tile_plan, track
 from .ring_partition import SCHEMES, partition_indices
 
-
 # ---- torch: ring attention forward and backward -------------------------------------------------
 
 @dataclass
@@ -134,7 +133,7 @@ def ring_backward(q, k, v, out, lse, dout, cfg: RingConfig):
     st = cfg.stats.setdefault("backward", {"compute_s": [], "compute_cpu_s": [], "wait_s": [], "tiles": [], "src": []})
     cur = track(cfg.meter, torch.stack([k, v]), "kv")
     dcur = track(cfg.meter, torch.zeros((2,) + tuple(k.shape), dtype=acc, device=q.device), "dkv")
-    d_reqs = None
+    d_reqs = dnxt = None
     for j in range(p):
         src = (rank - j) % p
         reqs, nxt = None, None
@@ -159,8 +158,7 @@ def ring_backward(q, k, v, out, lse, dout, cfg: RingConfig):
                 for r in d_reqs:
                     r.wait()
                 del d_reqs
-                dcur = dnxt
-                del dnxt
+                dcur, dnxt = dnxt, None  # the arrived buffer is the accumulator now
             if bq is not None:
                 dq += bq
                 dcur[0] += bk

@@ -18,7 +18,6 @@ import numpy as np
 
 from .ring_partition import allowed, tile_ok
 
-
 # ---- torch: a tiled block kernel that skips fully masked tiles -----------------------------
 
 def tolerance(dtype) -> tuple[float, float]:

@@ -24,7 +24,6 @@ from .tp_block import BlockConfig, ParallelBlock, as_config, check_tp_shapes, ma
 from .tp_layers import split_seq, tp_rank_size
 from .tp_numpy import check_degree
 
-
 # ---- formulas -------------------------------------------------------------------------------------
 # activation_bytes_per_layer (Korthikanti et al.'s formula, every variant) is helpers.costs' (imported above).
 

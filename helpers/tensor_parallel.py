@@ -25,16 +25,58 @@ from __future__ import annotations
 import torch
 
 from .commlog import as_tuples, mark, ops_since
-from .tp_block import (REPLICATED, STREAM_ATTN, STREAM_ATTN_OUT, STREAM_MLP_OUT, BlockConfig, ParallelBlock, TorchBlock,
-                       allreduce_replicated_grads, as_config, attention_core, check_tp_shapes, head_dropout_mask,
-                       make_block_params, masked_dropout, position_dropout_mask, qkv_for_colwise, reference_block,
-                       shard_block_params, to_local, torch_block_grads, torch_tp_plan)
-from .tp_costs import (H100_BF16_FLOPS, INFINIBAND_BPS, NVLINK_ALLREDUCE_BPS, P8_LINK_BPS, activation_bytes,
-                       allreduce_bytes_per_device, book_12_2_1, book_link, book_p8, layer_forward_flops, tp_layer_times,
-                       tp_sweep)
-from .tp_layers import (ColumnParallelLinear, RowParallelLinear, all_gather_seq, all_reduce_sum, column_shard, copy_to_tp,
-                        gather_from_sp, reduce_from_tp, reduce_scatter_seq, reduce_scatter_to_sp, row_shard, split_seq,
-                        tp_rank_size)
+from .tp_block import (
+    REPLICATED,
+    STREAM_ATTN,
+    STREAM_ATTN_OUT,
+    STREAM_MLP_OUT,
+    BlockConfig,
+    ParallelBlock,
+    TorchBlock,
+    allreduce_replicated_grads,
+    as_config,
+    attention_core,
+    check_tp_shapes,
+    head_dropout_mask,
+    make_block_params,
+    masked_dropout,
+    position_dropout_mask,
+    qkv_for_colwise,
+    reference_block,
+    shard_block_params,
+    to_local,
+    torch_block_grads,
+    torch_tp_plan,
+)
+from .tp_costs import (
+    H100_BF16_FLOPS,
+    INFINIBAND_BPS,
+    NVLINK_ALLREDUCE_BPS,
+    P8_LINK_BPS,
+    activation_bytes,
+    allreduce_bytes_per_device,
+    book_12_2_1,
+    book_link,
+    book_p8,
+    layer_forward_flops,
+    tp_layer_times,
+    tp_sweep,
+)
+from .tp_layers import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    all_gather_seq,
+    all_reduce_sum,
+    column_shard,
+    copy_to_tp,
+    gather_from_sp,
+    reduce_from_tp,
+    reduce_scatter_seq,
+    reduce_scatter_to_sp,
+    row_shard,
+    split_seq,
+    tp_rank_size,
+)
 from .validate import integer_at_least
 
 __all__ = [

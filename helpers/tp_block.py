@@ -27,7 +27,6 @@ from .tp_layers import ColumnParallelLinear, RowParallelLinear, column_shard, ro
 from .tp_numpy import check_divides
 from .validate import integer_at_least, probability
 
-
 # ---- dropout with masks that do not depend on the layout --------------------------------------------
 
 def _generator(seed: int | None, stream: int, index: int) -> torch.Generator | None:

@@ -13,7 +13,6 @@ from . import costs
 from .tp_numpy import check_degree
 from .validate import integer_at_least, positive_number
 
-
 H100_BF16_FLOPS = 989e12  # dense BF16 peak the section uses
 NVLINK_ALLREDUCE_BPS = 600e9  # "NVLink effective AllReduce bandwidth ~600 GB/s" (12.2.1)
 INFINIBAND_BPS = 25e9  # "InfiniBand (25 GB/s)" (12.2.1)

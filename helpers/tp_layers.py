@@ -26,7 +26,6 @@ from torch import nn
 from .tp_numpy import check_degree, check_divides
 from .validate import index_below
 
-
 # ---- the group -----------------------------------------------------------------------------------
 
 def tp_rank_size(group=None) -> tuple[int, int]:

@@ -15,7 +15,6 @@ import numpy as np
 
 from .validate import equal_parts, index_below, integer_at_least
 
-
 # ---- constraints ---------------------------------------------------------------------------------
 
 def check_degree(t) -> int:

@@ -47,13 +47,6 @@ def zero_stage(v, name: str = "zero_stage") -> int:
     return int(v)
 
 
-def one_of(v, name: str, choices):
-    """``v`` unchanged; ValueError unless it is one of ``choices`` (a precision, a schedule name)."""
-    if v not in tuple(choices):
-        raise ValueError(f"{name} must be one of {tuple(choices)}, got {v!r}")
-    return v
-
-
 def probability(v, name: str, below_one: bool = False) -> float:
     """``v`` as a float; ValueError unless 0 <= v <= 1 (0 <= v < 1 with ``below_one``, e.g. a
     dropout probability, where 1 would drop everything)."""

@@ -24,8 +24,19 @@ from __future__ import annotations
 
 from .memory import tensor_bytes
 from .validate import equal_parts, integer_at_least, one_of
-from .zero_hand import (ADAMW, DEFAULT_SIZES, STAGE_PRECISIONS, HandZero, Unit, assemble, make_mlp, make_regression,
-                        max_abs_diff, moment_bytes, n_params)
+from .zero_hand import (
+    ADAMW,
+    DEFAULT_SIZES,
+    STAGE_PRECISIONS,
+    HandZero,
+    Unit,
+    assemble,
+    make_mlp,
+    make_regression,
+    max_abs_diff,
+    moment_bytes,
+    n_params,
+)
 from .zero_numpy import adamw_numpy, collectives_per_step, comm_bytes_per_rank, ddp_numpy, zero1_numpy
 
 __all__ = [

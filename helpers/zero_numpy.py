@@ -22,7 +22,6 @@ from . import costs
 from .validate import integer_at_least, positive_number
 from .validate import zero_stage as check_zero_stage
 
-
 # ---- models of the communication ------------------------------------------------------------
 
 def comm_bytes_per_rank(n_params: float, world_size: int, zero_stage: int, bytes_per_element: float = 2) -> dict:

@@ -6,7 +6,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 ROOT = Path(__file__).resolve().parents[1]
 # the root conftest.py by path: `import conftest` finds tests/conftest.py
 _spec = importlib.util.spec_from_file_location("root_conftest", ROOT / "conftest.py")

@@ -11,7 +11,6 @@ matplotlib.use("Agg")
 from helpers import dag as D
 from helpers.launcher import launch
 
-
 # ---- the chapter's job -------------------------------------------------------------------------
 
 def test_embedding_job_work_span_bound():

@@ -2,8 +2,6 @@
 import re
 from pathlib import Path
 
-import pytest
-
 from helpers import claims, errata
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -15,19 +15,44 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import amdahl, concurrency, dag, failures, inference, intensity, memory, mesh as hm
+from helpers import amdahl, concurrency, dag, failures, inference, intensity, memory
+from helpers import mesh as hm
 from helpers import pipeline_parallel as ppl
-from helpers import planner as pl
 from helpers import pipeline_schedule as ps
+from helpers import planner as pl
 from helpers import ring_attention as ra
 from helpers import scaling as sc
 from helpers import sequence_parallel as sp
 from helpers import tensor_parallel as tp
 from helpers import three_d as td
 from helpers import tp_numpy as tn
-from helpers.exercises import (NotAnswered, c12_1_1, c12_1_2, c12_2_1, c12_2_2, c12_3_1, c12_3_2, c12_4_1, c12_4_2,
-                               check_pipeline_order, p01, p02, p03, p04, p05, p06, p07, p08, p09, p10, p11, p12,
-                               p13, p14, p15)
+from helpers.exercises import (
+    NotAnswered,
+    c12_1_1,
+    c12_1_2,
+    c12_2_1,
+    c12_2_2,
+    c12_3_1,
+    c12_3_2,
+    c12_4_1,
+    c12_4_2,
+    check_pipeline_order,
+    p01,
+    p02,
+    p03,
+    p04,
+    p05,
+    p06,
+    p07,
+    p08,
+    p09,
+    p10,
+    p11,
+    p12,
+    p13,
+    p14,
+    p15,
+)
 from helpers.launcher import launch
 from helpers.memory import GB
 

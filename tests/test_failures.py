@@ -10,7 +10,6 @@ from helpers import failures as F
 from helpers import launcher
 from helpers.launcher import LaunchTimeout, RankError, launch
 
-
 # ---- 1. stragglers -------------------------------------------------------------------------------
 
 def test_the_sections_straggler_arithmetic():

@@ -8,7 +8,6 @@ from helpers import inference as I
 from helpers.launcher import launch
 from helpers.tensor_parallel import BlockConfig, make_block_params, reference_block, shard_block_params
 
-
 # ---- 1. the latency model ------------------------------------------------------------------------
 
 def test_the_sections_tp_serving_example():

@@ -7,7 +7,6 @@ import time
 import jupyter_client
 
 
-
 def test_a_kernel_with_workers_exits_on_its_own_and_removes_its_launcher_folder(tmp_path):
     km = jupyter_client.KernelManager(kernel_name="python3")
     km.shutdown_wait_time = 60  # room to exit on its own: a kill would show in the exit code

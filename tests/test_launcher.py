@@ -8,7 +8,6 @@ from helpers import launcher
 from helpers import pool as kernel_pool
 from helpers.launcher import LaunchTimeout, RankError, launch, plan_ranks
 
-
 # ---- backend and device selection, with the GPU count faked --------------------------------
 
 def test_no_gpu_gives_gloo_on_four_cpu_ranks():

@@ -79,7 +79,6 @@ def test_any_number_of_interrupts_ends_every_worker_at_once(warm_workers):
 
     presses = [0.8, 0.85, 0.95, 1.1, 1.4]  # the first, then the stop button again and again
     old = signal.signal(signal.SIGINT, kernel_handler)
-    t0 = time.monotonic()
     timers = [threading.Timer(t, os.kill, (os.getpid(), signal.SIGINT)) for t in presses]
     try:
         for t in timers:

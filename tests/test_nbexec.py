@@ -10,7 +10,6 @@ import asyncio
 import select
 import time
 
-import pytest
 import zmq
 import zmq.asyncio
 from jupyter_client.channels import AsyncZMQSocketChannel

@@ -9,15 +9,12 @@ import math
 
 import pytest
 
-from helpers import costs
+from helpers import costs, memory, zero
 from helpers import data_parallel as dp
 from helpers import dp_scaling as dps
 from helpers import layer_overlap as lo
-from helpers import memory
 from helpers import overlap as ov
-from helpers import zero
 from helpers.launcher import launch
-
 
 # ---- closed forms -----------------------------------------------------------------------------
 

@@ -10,7 +10,6 @@ from helpers import costs
 from helpers import ring_attention as ra
 from helpers.launcher import RankError, launch
 
-
 # ---- partitions and padding ------------------------------------------------------------------
 
 def test_partitions_hold_the_positions_the_sections_describe():

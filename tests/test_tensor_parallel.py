@@ -17,7 +17,7 @@ def _operators_worker():
 
     from helpers import tensor_parallel as tp
 
-    r, n = dist.get_rank(), dist.get_world_size()
+    r = dist.get_rank()
     out = {}
     x = torch.full((4, 1, 2), float(r + 1), dtype=torch.float64, requires_grad=True)
     y = tp.copy_to_tp(x)
@@ -205,7 +205,6 @@ def test_parallelize_module_colwise_rowwise_on_two_ranks_equals_one_process(refe
 
 
 def test_single_process_block_and_torch_block_equal_the_reference(reference):
-    P = {k: v.requires_grad_() for k, v in tp.make_block_params(CFG).items()}
     x, R = tp.block_inputs(CFG, S, B)
     blk = tp.ParallelBlock(tp.make_block_params(CFG), CFG)  # t = 1 without a process group
     assert _max_diff(blk(x), reference["out"]) < 1e-13

@@ -1,6 +1,6 @@
 """Exercise checks for 12.1.1 (naive DDP memory)."""
-from . import check_number, check_run, check_true, exercise, reject
 from ..memory import bytes_per_param, max_params_that_fit, per_device_bytes
+from . import check_number, check_run, check_true, exercise, reject
 
 
 @exercise

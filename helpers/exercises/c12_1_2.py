@@ -1,8 +1,8 @@
 """Exercise checks for 12.1.2 (ZeRO stages 1-3 and FSDP)."""
 import numpy as np
 
-from . import check_choice, check_int, check_number, check_run, check_true, exercise
 from ..memory import min_world_size_to_fit, per_device_total, smallest_stage_that_fits
+from . import check_choice, check_int, check_number, check_run, check_true, exercise
 
 # exercise 4: ZeRO-1 by hand with plain SGD on a flat parameter vector
 EX4 = {"dim": 64, "steps": 5, "lr": 0.5}

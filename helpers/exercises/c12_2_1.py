@@ -1,9 +1,9 @@
 """Exercise checks for 12.2.1 (Megatron-style tensor parallelism)."""
 import numpy as np
 
-from . import check_int, check_number, check_run, check_true, exercise, op_bytes, reject
 from .. import tp_numpy as tn
 from ..tensor_parallel import allreduce_bytes_per_device
+from . import check_int, check_number, check_run, check_true, exercise, op_bytes, reject
 
 
 @exercise

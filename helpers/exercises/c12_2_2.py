@@ -1,9 +1,9 @@
 """Exercise checks for 12.2.2 (pipeline parallelism and bubble reduction)."""
 import numpy as np
 
-from . import check_int, check_number, check_pipeline_order, check_run, check_true, exercise, reject, require
 from ..pipeline_parallel import gather_grads, max_grad_diff, reference_grads
 from ..pipeline_schedule import bubble_formula, simulate
+from . import check_int, check_number, check_pipeline_order, check_run, check_true, exercise, reject, require
 
 
 @exercise

@@ -1,6 +1,6 @@
 """Exercise checks for 12.3.1 (sequence parallelism)."""
-from . import CheckFailed, check_int, check_number, check_run, exercise, reject, require
 from ..costs import activation_bytes_per_layer
+from . import CheckFailed, check_int, check_number, check_run, exercise, reject, require
 
 
 @exercise

@@ -3,10 +3,10 @@ import functools
 
 import numpy as np
 
-from . import check_number, exercise
-from .p10 import attention_run_equals_reference
 from .. import attention_numpy as an
 from .. import ring_attention as ra
+from . import check_number, exercise
+from .p10 import attention_run_equals_reference
 
 
 @exercise

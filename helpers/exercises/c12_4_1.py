@@ -1,8 +1,8 @@
 """Exercise checks for 12.4.1 (rules of thumb for choosing a mix)."""
-from . import check_number, check_pipeline_order, check_run, check_true, exercise, reject, require
 from ..costs import ring_bytes_sent
 from ..memory import GB, per_device_bytes
 from ..pipeline_schedule import bubble_formula
+from . import check_number, check_pipeline_order, check_run, check_true, exercise, reject, require
 
 
 @exercise
@@ -59,8 +59,6 @@ def ex5(run):
     Checks the Run itself: its arguments, outputs and gradients against the numpy layer, and
     every rank's communication log: the dispatch and combine all-to-alls carry exactly the rows
     the routing sends (kept copies x h x 8 bytes)."""
-    import numpy as np
-
     from ..expert_parallel import max_differences, token_all_to_alls
     from ..moe_numpy import dispatch_counts, reference
 

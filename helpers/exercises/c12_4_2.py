@@ -1,9 +1,9 @@
 """Exercise checks for 12.4.2 (case studies: Llama 3, DeepSeek-V3, Gemma 2)."""
 from fractions import Fraction
 
-from . import check_int, check_number, check_run, check_true, exercise, reject
 from ..memory import GB
 from ..pipeline_schedule import min_microbatches
+from . import check_int, check_number, check_run, check_true, exercise, reject
 
 
 @exercise

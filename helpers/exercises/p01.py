@@ -1,8 +1,8 @@
 """Exercise checks for P.1 (work and span)."""
 import numpy as np
 
-from . import check_number, check_run, check_true, exercise, reject
 from ..dag import DAG, embedding_job, embedding_reference, list_schedule
+from . import check_number, check_run, check_true, exercise, reject
 
 
 @exercise

@@ -1,6 +1,6 @@
 """Exercise checks for P.2 (concurrency versus parallelism)."""
-from . import check_number, check_run, check_true, exercise, reject
 from ..concurrency import count_mod7_exact, model_calls
+from . import check_number, check_run, check_true, exercise, reject
 
 
 @exercise

@@ -1,8 +1,8 @@
 """Exercise checks for P.3 (dependency structures and arithmetic intensity)."""
 import numpy as np
 
-from . import check_int, check_number, check_parts, check_run, check_true, exercise
 from ..intensity import autoregressive, matmul, ridge
+from . import check_int, check_number, check_parts, check_run, check_true, exercise
 
 
 @exercise

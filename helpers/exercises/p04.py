@@ -1,7 +1,7 @@
 """Exercise checks for P.4 (Amdahl's law, Gustafson's scaled speedup, the embedding job)."""
-from . import check_int, check_number, check_run, exercise, reject, require
 from .. import amdahl
 from ..dag import embedding_job, list_schedule
+from . import check_int, check_number, check_run, exercise, reject, require
 
 
 @exercise

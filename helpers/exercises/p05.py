@@ -1,6 +1,6 @@
 """Exercise checks for P.5 (where efficiency goes)."""
-from . import CheckFailed, check_number, check_run, check_true, exercise, reject, require
 from .. import amdahl, efficiency
+from . import CheckFailed, check_number, check_run, check_true, exercise, reject, require
 
 
 @exercise

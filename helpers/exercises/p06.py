@@ -1,8 +1,8 @@
 """Exercise checks for P.6 (data parallelism)."""
 import numpy as np
 
-from . import CheckFailed, check_int, check_number, check_run, check_true, exercise, reject, require
 from ..data_parallel import effective_batch
+from . import CheckFailed, check_int, check_number, check_run, check_true, exercise, reject, require
 
 
 @exercise

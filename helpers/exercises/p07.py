@@ -1,6 +1,6 @@
 """Exercise checks for P.7 (collectives)."""
-from . import check_number, check_run, check_true, exercise, op_bytes, reject
 from ..collectives import ring_allreduce_bytes
+from . import check_number, check_run, check_true, exercise, op_bytes, reject
 
 
 @exercise

@@ -1,9 +1,9 @@
 """Exercise checks for P.8 (tensor parallelism)."""
 import numpy as np
 
-from . import CheckFailed, check_number, check_parts, check_run, check_true, exercise, require
 from .. import tp_numpy as tn
 from ..tensor_parallel import book_p8
+from . import CheckFailed, check_number, check_parts, check_run, check_true, exercise, require
 
 
 @exercise

@@ -1,8 +1,8 @@
 """Exercise checks for P.9 (pipeline parallelism: bubble, schedules, unequal stages)."""
 from fractions import Fraction
 
-from . import CheckFailed, check_int, check_number, check_pipeline_order, check_run, check_true, exercise, require
 from ..pipeline_schedule import bubble_formula, simulate
+from . import CheckFailed, check_int, check_number, check_pipeline_order, check_run, check_true, exercise, require
 
 # Exercise 3: forward time of each of 8 layers; the backward takes twice as long.
 LAYER_COST = [1, 1, 1, 1, 3, 3, 1, 1]

@@ -1,6 +1,6 @@
 """Exercise checks for P.10 (sequence and context parallelism)."""
-from . import check_number, check_run, check_true, exercise, op_bytes, reject
 from .. import ring_attention as ra
+from . import check_number, check_run, check_true, exercise, op_bytes, reject
 
 
 @exercise

@@ -1,7 +1,7 @@
 """Exercise checks for P.11 (hybrid layouts: rank coordinates, groups, memory)."""
-from . import CheckFailed, check_number, check_run, check_true, exercise, reject, require
 from ..memory import GB, per_device_total
 from ..mesh import Mesh
+from . import CheckFailed, check_number, check_run, check_true, exercise, reject, require
 
 P11 = Mesh.of(dp=2, pp=2, tp=4)
 

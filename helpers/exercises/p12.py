@@ -3,9 +3,17 @@ import functools
 
 import numpy as np
 
+from ..inference import (
+    build_decoder,
+    decode_inputs,
+    decode_time_per_token,
+    largest_tp_for_efficiency,
+    poisson_workload,
+    run_decoder,
+    simulate,
+    step_cost_from_model,
+)
 from . import check_int, check_number, check_run, check_true, exercise
-from ..inference import (build_decoder, decode_inputs, decode_time_per_token, largest_tp_for_efficiency,
-                         poisson_workload, run_decoder, simulate, step_cost_from_model)
 
 
 @exercise

@@ -1,6 +1,6 @@
 """Exercise checks for P.13 (the scaling experiment)."""
-from . import CheckFailed, check_choice, check_number, exercise, require
 from .. import amdahl, scaling
+from . import CheckFailed, check_choice, check_number, exercise, require
 
 
 @exercise

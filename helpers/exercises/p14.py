@@ -1,8 +1,8 @@
 """Exercise checks for P.14 (how parallel jobs fail)."""
 import numpy as np
 
-from . import CheckFailed, check_number, check_run, check_true, exercise, reject
 from ..failures import cluster_mtbf, plain_and_weighted, straggler_arithmetic, token_grad_numpy, young_interval
+from . import CheckFailed, check_number, check_run, check_true, exercise, reject
 
 
 @exercise

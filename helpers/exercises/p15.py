@@ -1,9 +1,9 @@
 """Exercise checks for P.15 (choosing a strategy: the decision sequence)."""
 from fractions import Fraction
 
-from . import check_int, check_number, check_run, check_true, exercise, reject, require
 from ..memory import GB, per_device_total
 from ..pipeline_schedule import min_microbatches
+from . import check_int, check_number, check_run, check_true, exercise, reject, require
 
 
 @exercise
