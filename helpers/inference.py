@@ -20,7 +20,7 @@ Pieces:
    with column- and row-parallel layers): :func:`decode_block`, :func:`tp_decode_worker`, with
    each token's time split into compute and all-reduce.
 3. A discrete-event simulation of a request queue served with static or continuous batching on
-   one or more replicas (:func:`poisson_workload`, :func:`simulate`, :class:`SimResult`).
+   one or more replicas (:func:`poisson_workload`, :func:`simulate_serving`, :class:`SimResult`).
 """
 from __future__ import annotations
 
@@ -387,7 +387,7 @@ class SimResult:
         return {f"p{p}": float(np.percentile(values, p)) for p in ps}
 
 
-def simulate(workload: Workload, policy: str, max_batch: int, cost: StepCost, replicas: int = 1) -> SimResult:
+def simulate_serving(workload: Workload, policy: str, max_batch: int, cost: StepCost, replicas: int = 1) -> SimResult:
     """Serve ``workload`` with ``replicas`` servers sharing one FIFO queue (P.12).
 
     Every decode step produces one token for each sequence in the batch and takes
@@ -472,7 +472,7 @@ def capacity(policy: str, max_batch: int, cost: StepCost, mean_tokens: float = 6
              replicas: int = 1, seed: int = 0) -> float:
     """Saturated throughput (tokens/s): every request is already waiting at t = 0."""
     w = poisson_workload(n, 1.0, mean_tokens, seed)
-    return simulate(Workload(np.zeros(n), w.lengths), policy, max_batch, cost, replicas).throughput
+    return simulate_serving(Workload(np.zeros(n), w.lengths), policy, max_batch, cost, replicas).throughput
 
 
 def summary_row(res: SimResult) -> dict:

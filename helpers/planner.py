@@ -13,7 +13,7 @@ The planner is four modules, each read in one sitting; import everything from he
 
 * :mod:`helpers.planner_specs`: the :class:`Model` and the :class:`Cluster` (and the chapters' examples);
 * :mod:`helpers.planner_assess`: the :class:`Layout`, the constraints and the step-time model
-  (:func:`assess`, :func:`step_time`, :func:`activation_bytes`);
+  (:func:`assess`, :func:`step_time_breakdown`, :func:`stage_activation_bytes`);
 * this module: enumerating, ranking, reporting and explaining (:func:`plan`, :func:`report`,
   :func:`explain`, :func:`neighbours`);
 * :mod:`helpers.planner_recipes`: the chapters' recipes and worked examples.
@@ -35,9 +35,9 @@ from .planner_assess import (
     Assessment,
     Layout,
     Rules,
-    activation_bytes,
     assess,
-    step_time,
+    stage_activation_bytes,
+    step_time_breakdown,
 )
 from .planner_recipes import book_12_4_1, book_p11, decision_sequence, rule_of_thumb
 from .planner_specs import (
@@ -57,7 +57,7 @@ from .planner_specs import (
 
 __all__ = ["DATA", "ACTIVATION_MODELS", "RECOMPUTE", "RECOMPUTE_POLICIES", "Model", "Cluster", "hardware", "h100_cluster", "a100_cluster",
            "divisors", "book_70b", "book_100b", "book_175b", "p11_40b", "p11_cluster", "Layout", "Rules", "Assessment",
-           "activation_bytes", "assess", "step_time", "Plan", "enumerate_layouts", "plan", "table", "report",
+           "stage_activation_bytes", "assess", "step_time_breakdown", "Plan", "enumerate_layouts", "plan", "table", "report",
            "format_steps", "neighbours", "explain", "decision_sequence", "rule_of_thumb", "book_p11", "book_12_4_1",
            "WIDTH", "wrap"]
 

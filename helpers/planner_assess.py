@@ -2,8 +2,8 @@
 
 :func:`assess` checks a :class:`Layout` of a :class:`~helpers.planner_specs.Model` on a
 :class:`~helpers.planner_specs.Cluster` against every constraint and, if it passes, estimates
-its memory per device (:func:`activation_bytes` for the activations) and its step time
-(:func:`step_time`). :mod:`helpers.planner` enumerates and ranks the layouts.
+its memory per device (:func:`stage_activation_bytes` for the activations) and its step time
+(:func:`step_time_breakdown`). :mod:`helpers.planner` enumerates and ranks the layouts.
 
 **The constraints** (each rejection names the one it broke):
 
@@ -177,7 +177,7 @@ def _shape_terms(model: Model, layout: Layout, sp: bool, pytorch_sp: bool) -> fl
     return out
 
 
-def activation_bytes(model: Model, layout: Layout, m: int, rules: Rules = Rules()) -> dict:
+def stage_activation_bytes(model: Model, layout: Layout, m: int, rules: Rules = Rules()) -> dict:
     """Activation bytes on the busiest pipeline stage (stage 0 of 1F1B): per layer, in flight, total."""
     s = model.seq_len // layout.cp
     sp = layout.sequence_parallel and layout.tp > 1
@@ -267,7 +267,7 @@ def assess(model: Model, cluster: Cluster, global_batch: int, layout: Layout, ru
     if expert_dev:
         es = per_device_bytes(expert_dev, max(1, d // L.ep), L.zero, rules.precision)
         state = {k: state[k] + es[k] for k in state}
-    act = activation_bytes(model, L, m, rules)
+    act = stage_activation_bytes(model, L, m, rules)
     mem = {"weights": state["weights"], "gradients": state["gradients"],
            "optimizer": state["master"] + state["moments"], "activations": act["total"], "reserve": cluster.reserve_bytes}
     mem["total"] = sum(mem.values())
@@ -277,13 +277,13 @@ def assess(model: Model, cluster: Cluster, global_batch: int, layout: Layout, ru
         parts = ", ".join(f"{k} {mem[k] / GB:.1f}" for k in ("weights", "gradients", "optimizer", "activations", "reserve"))
         reasons.append(f"needs {mem['total'] / GB:.1f} GB per device ({parts}), more than {cluster.memory_bytes / GB:.0f} GB")
     # time
-    out.time = step_time(model, cluster, global_batch, L, m, rules)
+    out.time = step_time_breakdown(model, cluster, global_batch, L, m, rules)
     out.mfu = model.flops_per_token() * global_batch * model.seq_len / (n * cluster.peak_flops * out.time["total"])
     out.ok = not reasons
     return out
 
 
-def step_time(model: Model, cluster: Cluster, global_batch: int, layout: Layout, m: int, rules: Rules = Rules()) -> dict:
+def step_time_breakdown(model: Model, cluster: Cluster, global_batch: int, layout: Layout, m: int, rules: Rules = Rules()) -> dict:
     """The step-time estimate of the module docstring, by part (seconds per step)."""
     L, n, dpn = layout, cluster.n_devices, cluster.devices_per_node
     s = model.seq_len // L.cp

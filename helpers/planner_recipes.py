@@ -14,7 +14,7 @@ from fractions import Fraction
 from . import costs
 from .memory import GB, per_device_bytes
 from .pipeline_schedule import bubble_formula
-from .planner_assess import RECOMPUTE, Assessment, Layout, Rules, activation_bytes, assess
+from .planner_assess import RECOMPUTE, Assessment, Layout, Rules, assess, stage_activation_bytes
 from .planner_specs import Cluster, Model, divisors
 
 # ---- the chapters' recipes ---------------------------------------------------------------------------------
@@ -78,7 +78,7 @@ def decision_sequence(model: Model, cluster: Cluster, global_batch: int, rules: 
     tmax = max(tps) if tps else 1
     cp = 1
     while True:
-        act = activation_bytes(model, Layout(dp=1, tp=tmax, cp=cp, micro_batch=micro_batch, recompute="full"), 1, rules)["total"]
+        act = stage_activation_bytes(model, Layout(dp=1, tp=tmax, cp=cp, micro_batch=micro_batch, recompute="full"), 1, rules)["total"]
         if act <= activation_share * cluster.memory_bytes or n % (tmax * cp * 2) or model.seq_len % (4 * cp):
             break
         cp *= 2

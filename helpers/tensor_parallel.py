@@ -53,12 +53,12 @@ from .tp_costs import (
     INFINIBAND_BPS,
     NVLINK_ALLREDUCE_BPS,
     P8_LINK_BPS,
-    activation_bytes,
+    activation_tensor_bytes,
     allreduce_bytes_per_device,
     book_12_2_1,
     book_link,
     book_p8,
-    layer_forward_flops,
+    per_rank_layer_flops,
     tp_layer_times,
     tp_sweep,
 )
@@ -89,8 +89,8 @@ __all__ = [
     "attention_core", "reference_block", "ParallelBlock", "allreduce_replicated_grads", "TorchBlock", "qkv_for_colwise",
     "torch_tp_plan", "torch_block_grads", "to_local",
     # tp_costs
-    "H100_BF16_FLOPS", "NVLINK_ALLREDUCE_BPS", "INFINIBAND_BPS", "P8_LINK_BPS", "activation_bytes",
-    "allreduce_bytes_per_device", "layer_forward_flops", "tp_layer_times", "tp_sweep", "book_link", "book_p8",
+    "H100_BF16_FLOPS", "NVLINK_ALLREDUCE_BPS", "INFINIBAND_BPS", "P8_LINK_BPS", "activation_tensor_bytes",
+    "allreduce_bytes_per_device", "per_rank_layer_flops", "tp_layer_times", "tp_sweep", "book_link", "book_p8",
     "book_12_2_1",
     # this module
     "block_inputs", "reference_step", "tp_block_worker", "torch_tp_worker", "count_ops", "measure_matmul_flops",

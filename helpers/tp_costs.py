@@ -1,8 +1,8 @@
 """The cost model of tensor parallelism and the sections' worked examples (P.8, 12.2.1), torch-free.
 
-Each TP all-reduce carries one (s, b, h) activation (:func:`activation_bytes`); a ring sends
+Each TP all-reduce carries one (s, b, h) activation (:func:`activation_tensor_bytes`); a ring sends
 2(t-1)/t of it per device (:func:`allreduce_bytes_per_device`, on :mod:`helpers.costs`). One
-layer's forward FLOPs per rank (:func:`layer_forward_flops`) against its all-reduce time gives
+layer's forward FLOPs per rank (:func:`per_rank_layer_flops`) against its all-reduce time gives
 the compute-vs-communication sweep over TP degrees (:func:`tp_layer_times`, :func:`tp_sweep`),
 with the sections' links (:func:`book_link`); :func:`book_p8` and :func:`book_12_2_1` recompute
 their worked examples.
@@ -19,7 +19,7 @@ INFINIBAND_BPS = 25e9  # "InfiniBand (25 GB/s)" (12.2.1)
 P8_LINK_BPS = 400e9  # "an assumed 400 GB/s intra-node link" (P.8)
 
 
-def activation_bytes(s: int, b: int, h: int, bytes_per_element: int = 2) -> int:
+def activation_tensor_bytes(s: int, b: int, h: int, bytes_per_element: int = 2) -> int:
     """Bytes of one (s, b, h) activation: the payload of every TP all-reduce."""
     for name, v in (("s", s), ("b", b), ("h", h), ("bytes_per_element", bytes_per_element)):
         integer_at_least(v, name)
@@ -29,10 +29,10 @@ def activation_bytes(s: int, b: int, h: int, bytes_per_element: int = 2) -> int:
 def allreduce_bytes_per_device(s: int, b: int, h: int, t: int, bytes_per_element: int = 2) -> float:
     """What each device sends in a ring all-reduce of the (s, b, h) activation: 2(t-1)/t s b h bytes."""
     t = check_degree(t)
-    return costs.allreduce_bytes(t, activation_bytes(s, b, h, bytes_per_element))
+    return costs.allreduce_bytes(t, activation_tensor_bytes(s, b, h, bytes_per_element))
 
 
-def layer_forward_flops(s: int, b: int, h: int, ffn: int, t: int = 1, mlp_matrices: int = 2) -> float:
+def per_rank_layer_flops(s: int, b: int, h: int, ffn: int, t: int = 1, mlp_matrices: int = 2) -> float:
     """Forward FLOPs of one transformer layer on one of t TP ranks (2 FLOPs per multiply-add).
 
     QKV 6sbh^2, output projection 2sbh^2, MLP 2 x mlp_matrices x sbh*ffn (2 for GeLU MLPs, 3 for
@@ -47,14 +47,14 @@ def tp_layer_times(s, b, h, ffn, t, flops_per_s, link_bytes_per_s, alpha_s: floa
                    bytes_per_element: int = 2, mlp_matrices: int = 2, allreduces: int = 2) -> dict:
     """Forward compute vs communication time of one layer at TP degree t (no overlap).
 
-    compute = layer_forward_flops / flops_per_s; comm = allreduces x (2(t-1) alpha +
+    compute = per_rank_layer_flops / flops_per_s; comm = allreduces x (2(t-1) alpha +
     2(t-1)/t S / link), S = s b h bytes (the ring model of P.7, the convention of P.8 and 12.2.1).
     """
     positive_number(flops_per_s, "flops_per_s")
     positive_number(link_bytes_per_s, "link_bytes_per_s")
     positive_number(alpha_s, "alpha_s", allow_zero=True)
-    compute = layer_forward_flops(s, b, h, ffn, t, mlp_matrices) / flops_per_s
-    one = 0.0 if t == 1 else costs.alpha_beta_time(t, activation_bytes(s, b, h, bytes_per_element), alpha_s, link_bytes_per_s)
+    compute = per_rank_layer_flops(s, b, h, ffn, t, mlp_matrices) / flops_per_s
+    one = 0.0 if t == 1 else costs.alpha_beta_time(t, activation_tensor_bytes(s, b, h, bytes_per_element), alpha_s, link_bytes_per_s)
     return {"t": t, "compute_s": compute, "comm_s": allreduces * one, "comm_fraction": allreduces * one / (compute + allreduces * one)}
 
 
@@ -73,7 +73,7 @@ def book_link(t: int, node_size: int = 8) -> float:
 def book_p8(tokens: int = 8192, h: int = 4096, t: int = 4, layers: int = 32, link_bps: float = P8_LINK_BPS,
             bytes_per_element: int = 2) -> dict:
     """P.8's illustrative layer: activation MB, ring MB per device, ms per all-reduce, ms per forward."""
-    S = activation_bytes(tokens, 1, h, bytes_per_element)
+    S = activation_tensor_bytes(tokens, 1, h, bytes_per_element)
     sent = allreduce_bytes_per_device(tokens, 1, h, t, bytes_per_element)
     return {"activation MB": S / 1e6, "sent per device MB": sent / 1e6, "ms per all-reduce": sent / link_bps * 1e3,
             "all-reduces per forward": 2 * layers, "ms per forward": 2 * layers * sent / link_bps * 1e3}
@@ -82,7 +82,7 @@ def book_p8(tokens: int = 8192, h: int = 4096, t: int = 4, layers: int = 32, lin
 def book_12_2_1(s: int = 2048, b: int = 32, h: int = 8192, ffn: int = 28672, t: int = 8, layers: int = 80,
                 params: float = 70e9, hbm_gb: float = 80.0) -> dict:
     """12.2.1's 70B example recomputed (decimal GB; BF16; H100 989 TF/s; NVLink 600 GB/s; IB 25 GB/s)."""
-    S = activation_bytes(s, b, h)
+    S = activation_tensor_bytes(s, b, h)
     sent = allreduce_bytes_per_device(s, b, h, t)
     gemm = 2 * s * b * h * (ffn / t)  # one MLP GEMM on this rank's 1/t of the FFN width
     mlp = 2 * gemm  # up- and down-projection (a GeLU MLP); SwiGLU has three such GEMMs

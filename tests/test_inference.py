@@ -100,7 +100,7 @@ def _three_requests():
 
 
 def test_static_batching_event_times_by_hand():
-    r = I.simulate(_three_requests(), "static", 2, I.StepCost(1.0))
+    r = I.simulate_serving(_three_requests(), "static", 2, I.StepCost(1.0))
     # A and B start at 0; A's only token at 1, B's tokens at 1, 2, 3; C waits for the batch to end
     assert r.admitted.tolist() == [0, 0, 3] and r.finish.tolist() == [1, 3, 4]
     assert r.latency.tolist() == [1, 3, 3.5] and r.first_token.tolist() == [1, 1, 4]
@@ -108,7 +108,7 @@ def test_static_batching_event_times_by_hand():
 
 
 def test_continuous_batching_event_times_by_hand():
-    r = I.simulate(_three_requests(), "continuous", 2, I.StepCost(1.0))
+    r = I.simulate_serving(_three_requests(), "continuous", 2, I.StepCost(1.0))
     # C takes A's slot at t=1, the first step boundary after it arrives
     assert r.admitted.tolist() == [0, 0, 1] and r.finish.tolist() == [1, 3, 2]
     assert r.latency.tolist() == [1, 3, 1.5]
@@ -118,10 +118,10 @@ def test_continuous_batching_event_times_by_hand():
 
 def test_costs_per_sequence_and_prefill_and_two_replicas():
     cost = I.StepCost(1.0, per_seq=0.5, prefill=2.0)
-    r = I.simulate(_three_requests(), "continuous", 2, cost)
+    r = I.simulate_serving(_three_requests(), "continuous", 2, cost)
     # step 1: batch 2, 2 admitted: 1 + 1 + 4 = 6; then C joins (1 + 1 + 2 = 4); then B alone: 1.5
     assert r.finish.tolist() == [6, 11.5, 10]
-    r2 = I.simulate(_three_requests(), "static", 2, I.StepCost(1.0), replicas=2)
+    r2 = I.simulate_serving(_three_requests(), "static", 2, I.StepCost(1.0), replicas=2)
     assert r2.admitted.tolist() == [0, 0, 0.5] and r2.finish.tolist() == [1, 3, 1.5]
 
 
@@ -137,9 +137,9 @@ def test_continuous_capacity_is_batch_over_step_time_and_beats_static():
 def test_replicas_cut_waiting_not_time_per_token_and_tp_cuts_time_per_token():
     w = I.poisson_workload(400, 3.0, 64, seed=0)
     c1 = I.step_cost_from_model()
-    one = I.simulate(w, "static", 16, c1)
-    four = I.simulate(w, "static", 16, c1, replicas=4)
-    tp4 = I.simulate(w, "static", 16, I.step_cost_from_model(tp=4))
+    one = I.simulate_serving(w, "static", 16, c1)
+    four = I.simulate_serving(w, "static", 16, c1, replicas=4)
+    tp4 = I.simulate_serving(w, "static", 16, I.step_cost_from_model(tp=4))
     assert np.median(four.queue_wait) < 0.1 * np.median(one.queue_wait)
     assert np.median(four.tpot) == pytest.approx(c1(1), rel=0.05)  # alone in its batch most of the time
     assert np.median(tp4.tpot) < 0.4 * np.median(four.tpot)
@@ -147,9 +147,9 @@ def test_replicas_cut_waiting_not_time_per_token_and_tp_cuts_time_per_token():
 
 def test_simulation_rejects_bad_input():
     with pytest.raises(ValueError, match="policy must be"):
-        I.simulate(_three_requests(), "greedy", 2, I.StepCost(1.0))
+        I.simulate_serving(_three_requests(), "greedy", 2, I.StepCost(1.0))
     with pytest.raises(ValueError, match="max_batch must be an integer >= 1"):
-        I.simulate(_three_requests(), "static", 0, I.StepCost(1.0))
+        I.simulate_serving(_three_requests(), "static", 0, I.StepCost(1.0))
     with pytest.raises(ValueError, match="sorted"):
         I.Workload(np.array([1.0, 0.5]), np.array([1, 1]))
     with pytest.raises(ValueError, match="integer >= 1 token"):

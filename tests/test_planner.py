@@ -124,12 +124,12 @@ def test_time_model_parts(plan70, h256):
     # activation memory: no pipeline = one micro-batch through every layer; 1F1B stage 0 the same
     lay1 = pl.Layout(dp=32, tp=8)
     lay4 = pl.Layout(dp=8, tp=8, pp=4)
-    a1, a4 = pl.activation_bytes(m, lay1, 64), pl.activation_bytes(m, lay4, 256)
+    a1, a4 = pl.stage_activation_bytes(m, lay1, 64), pl.stage_activation_bytes(m, lay4, 256)
     assert a1["layers in flight"] == 80 and a4["layers in flight"] == 4 * 20
-    assert pl.activation_bytes(m, pl.Layout(dp=32, tp=8, recompute="full"), 64)["total"] < a1["total"] / 5
+    assert pl.stage_activation_bytes(m, pl.Layout(dp=32, tp=8, recompute="full"), 64)["total"] < a1["total"] / 5
     # recomputation costs a third more compute
-    base = pl.step_time(m, h256, 2048, lay1, 64)["compute"]
-    assert pl.step_time(m, h256, 2048, pl.Layout(dp=32, tp=8, recompute="full"), 64)["compute"] == pytest.approx(base * 4 / 3)
+    base = pl.step_time_breakdown(m, h256, 2048, lay1, 64)["compute"]
+    assert pl.step_time_breakdown(m, h256, 2048, pl.Layout(dp=32, tp=8, recompute="full"), 64)["compute"] == pytest.approx(base * 4 / 3)
 
 
 def test_recipes_and_ranking(plan70, h256):
@@ -256,7 +256,7 @@ def test_full_recomputation_repeats_the_forwards_tp_all_reduces():
     # one all-reduce of s b h x 2 bytes = 1024 x 1 x 1024 x 2 on 8 ranks at the server's links
     per = 2 * 7 * 1e-5 + 2 * 7 / 8 * (1024 * 1024 * 2) / 1e11
     for recompute, calls in (("none", 4), ("selective", 4), ("full", 6)):  # the forward's 2 all-reduces again
-        t = pl.step_time(model, cluster, 16, pl.Layout(dp=2, tp=8, recompute=recompute), 8)
+        t = pl.step_time_breakdown(model, cluster, 16, pl.Layout(dp=2, tp=8, recompute=recompute), 8)
         assert t["tp"] == pytest.approx(calls * 4 * 8 * per, rel=1e-12), recompute
 
 
@@ -265,7 +265,7 @@ def test_dp_ring_hides_behind_the_last_micro_batchs_backward_only():
     # DP=16 over 2 servers, ZeRO-1, global batch 64: m = 4 micro-batches per replica
     compute = (6 * 1e9 + 12 * 4 * 1024 * 1024) * 64 * 1024 / 16 / (1e15 * 0.5)
     ring = 2 * 15 * 2e-5 + 2 * 15 / 16 * (1e9 * 2) / 1e10  # the BF16 gradients, inter-server links
-    t = pl.step_time(model, cluster, 64, pl.Layout(dp=16, zero=1), 4)
+    t = pl.step_time_breakdown(model, cluster, 64, pl.Layout(dp=16, zero=1), 4)
     assert t["compute"] == pytest.approx(compute, rel=1e-12)
     assert t["dp (total)"] == pytest.approx(ring, rel=1e-12)
     # the backward (2/3 of the compute) of one micro-batch of the 4 is the window

@@ -116,8 +116,8 @@ def test_planner_policies_match_the_measured_block(rows):
     compute = {}
     for p in rc.POLICIES:
         lay = pl.Layout(dp=1, micro_batch=B, recompute=p)
-        assert pl.activation_bytes(model, lay, 1, rules)["kept per layer"] == rows[p]["measured"]
-        compute[p] = pl.step_time(model, one, B, lay, 1, rules)["compute"]
+        assert pl.stage_activation_bytes(model, lay, 1, rules)["kept per layer"] == rows[p]["measured"]
+        compute[p] = pl.step_time_breakdown(model, one, B, lay, 1, rules)["compute"]
     assert compute["full"] / compute["none"] == pytest.approx(rows["full"]["flops_ratio"], rel=1e-12)
     assert compute["selective"] / compute["none"] == pytest.approx(rows["selective"]["model_ratio"], rel=1e-12)
 

@@ -216,12 +216,12 @@ def test_single_process_block_and_torch_block_equal_the_reference(reference):
 
 def test_book_numbers_of_the_cost_model():
     # 12.2.1: s=2048, b=32, h=8192 in bf16, t=8
-    assert tp.activation_bytes(2048, 32, 8192) == 1_073_741_824
+    assert tp.activation_tensor_bytes(2048, 32, 8192) == 1_073_741_824
     assert tp.allreduce_bytes_per_device(2048, 32, 8192, 8) == pytest.approx(1.879e9, rel=1e-3)
     # one GEMM on 1/8 of the FFN width: 3.85 TFLOP, not 30.7
     assert 2 * 32 * 2048 * 8192 * (28672 / 8) == pytest.approx(3.848e12, rel=1e-3)
-    f1 = tp.layer_forward_flops(2048, 32, 8192, 28672, 1)
-    assert tp.layer_forward_flops(2048, 32, 8192, 28672, 8) == pytest.approx(f1 / 8)
+    f1 = tp.per_rank_layer_flops(2048, 32, 8192, 28672, 1)
+    assert tp.per_rank_layer_flops(2048, 32, 8192, 28672, 8) == pytest.approx(f1 / 8)
     assert f1 == 8 * 2048 * 32 * 8192**2 + 4 * 2048 * 32 * 8192 * 28672 + 4 * 32 * 2048**2 * 8192
     # P.8: 8192 tokens x 4096 x 2 bytes, T=4, 400 GB/s, 2 per layer x 32 layers
     row = tp.tp_layer_times(8192, 1, 4096, 4 * 4096, 4, 1e15, tp.P8_LINK_BPS)
@@ -244,7 +244,7 @@ def test_book_numbers_of_the_cost_model():
     (lambda: tp.column_shard(torch.ones(4, 6), 0, 4), r"output width of a column-parallel layer \(6\)"),
     (lambda: tp.row_shard(torch.ones(6, 4), 4, 4), r"rank must be an integer in \[0, 4\)"),
     (lambda: tp.position_dropout_mask(0, 0, range(2), 1, 1, -0.1), r"p must be in \[0, 1\)"),
-    (lambda: tp.layer_forward_flops(8, 1, 8, 32, 2, mlp_matrices=4), "mlp_matrices must be 2"),
+    (lambda: tp.per_rank_layer_flops(8, 1, 8, 32, 2, mlp_matrices=4), "mlp_matrices must be 2"),
     (lambda: tp.tp_layer_times(8, 1, 8, 32, 2, 0, 1e9), "flops_per_s must be a finite number > 0"),
     (lambda: tp.allreduce_bytes_per_device(8, 1, 8, 0), "integer >= 1"),
 ])

@@ -10,7 +10,7 @@ from ..inference import (
     largest_tp_for_efficiency,
     poisson_workload,
     run_decoder,
-    simulate,
+    simulate_serving,
     step_cost_from_model,
 )
 from . import check_int, check_number, check_run, check_true, exercise
@@ -39,7 +39,7 @@ def smallest_batch_for_p99(limit_s: float = 10.0, rate: float = 6.0, n: int = 10
     w = poisson_workload(n, rate, 64, seed)
     cost = step_cost_from_model(prefill_s=0.05)
     for b in range(1, 65):
-        if simulate(w, "continuous", b, cost).percentiles("latency", (99,))["p99"] < limit_s:
+        if simulate_serving(w, "continuous", b, cost).percentiles("latency", (99,))["p99"] < limit_s:
             return b
     raise ValueError("no max_batch up to 64 meets the limit")
 
