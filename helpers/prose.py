@@ -52,35 +52,65 @@ UNITS = {
     "h": ("seconds", 3600), "hour": ("seconds", 3600), "hours": ("seconds", 3600),
     "day": ("seconds", 86400), "days": ("seconds", 86400),
     "MB/s": ("bytes/s", 1e6), "GB/s": ("bytes/s", 1e9), "TB/s": ("bytes/s", 1e12),
-    "GFLOP/s": ("FLOP/s", 1e9), "TFLOP/s": ("FLOP/s", 1e12), "PFLOP/s": ("FLOP/s", 1e15),
+    "Gb/s": ("bytes/s", 1e9 / 8), "Tb/s": ("bytes/s", 1e12 / 8),
+    "GFLOP/s": ("FLOP/s", 1e9), "TFLOP/s": ("FLOP/s", 1e12), "PFLOP/s": ("FLOP/s", 1e15), "TF/s": ("FLOP/s", 1e12),
+    "TFLOPS": ("FLOP/s", 1e12),
     "FLOP": ("FLOPs", 1), "FLOPs": ("FLOPs", 1), "GFLOP": ("FLOPs", 1e9), "TFLOP": ("FLOPs", 1e12),
     "PFLOP": ("FLOPs", 1e15),
 }
 # a unit written right after the digits ("70B", "4h") means billions or "4 x hidden size": only
 # these count when attached
 ATTACHED = {"%", "x", "×", "ms", "µs", "us", "ns", "GB", "MB", "KB", "TB", "GiB", "MiB", "KiB", "TiB", "GB/s", "TB/s",
-            "TFLOP/s", "PFLOP/s", "GFLOP/s"}
+            "Gb/s", "TFLOP/s", "PFLOP/s", "GFLOP/s", "TF/s"}
 _UNIT = "|".join(sorted(map(re.escape, UNITS), key=len, reverse=True))
-# a figure: digits (1,234 or 12.5 or 3e9), a unit, and not a dimension ("32 x 32") or part of a name
-_FIGURE = re.compile(r"(?<![\w.,/^_{-])(\d{1,3}(?:,\d{3})+|\d+(?:\.\d+)?)(?:e([-+]?\d+))?(\s?)(" + _UNIT
-                     + r")(?![\w/])(?!\s?\d)")
+_NUMBER = r"(\d{1,3}(?:,\d{3})+|\d+(?:\.\d+)?)(?:e([-+]?\d+))?"
+# a figure: digits (1,234 or 12.5 or 3e9), a unit, and not a dimension ("32 x 32") or part of a name;
+# "GB/GPU" and "GB per GPU" are figures in GB; "40-65%" is two figures
+_FIGURE = re.compile(r"(?<![\w.,/^_{])(?:" + _NUMBER + r"\s?[-–]\s?)?" + _NUMBER + r"(\s?)(" + _UNIT
+                     + r")(?!\w)(?!/(?!GPU|rank|device|step|token|param|micro))(?!\s?\d)")
+# "times" is a ratio only in a comparison ("17 times fewer"), not a count ("repeated 3 times")
+_COMPARISON = re.compile(r"\s+(more|fewer|less|larger|smaller|faster|slower|higher|lower|as|bigger|longer|shorter"
+                         r"|the|over|that)\b")
+_PER_BYTE = re.compile(r"\s*(per|/)\s*(bytes?|B)\b")
 _MARKS = re.compile(r"<!--\s*figures:(.*?)-->", re.S)
 _LITERAL = re.compile(r"(?<![\w.])\d[\d_]*(?:\.\d+)?(?:e[-+]?\d+)?")
 
 
 @dataclass(frozen=True)
 class Figure:
-    """One figure as written: ``text`` (``"83.9 GB"``), its value in base units (bytes, seconds...)
-    as the interval its rounding allows, and its ``kind``."""
+    """One figure as written: ``text`` (``"83.9 GB"``), its ``kind``, its ``value`` in the kind's base
+    unit (bytes, seconds...) and ``half``, half the last digit's step (what its rounding allows)."""
 
     text: str
     kind: str
-    low: float
-    high: float
+    value: float
+    half: float
+
+    @property
+    def low(self) -> float:
+        return self.value - self.half
+
+    @property
+    def high(self) -> float:
+        return self.value + self.half
 
     def agrees(self, other: "Figure") -> bool:
-        """The two figures can be the same quantity: same kind, overlapping rounding intervals."""
-        return self.kind == other.kind and self.low <= other.high and other.low <= self.high
+        """The two can be the same quantity: same kind, and the more precise of the two rounds to the
+        coarser one (its value lies strictly inside the coarser one's rounding interval). A zero
+        supports only a zero."""
+        if self.kind != other.kind:
+            return False
+        if (self.value == 0) != (other.value == 0):
+            return False
+        coarse = max(self.half, other.half)
+        return abs(self.value - other.value) < coarse * (1 - 1e-9)
+
+
+def _figure(text, digits, exp, unit) -> Figure:
+    kind, size = UNITS[unit]
+    decimals = len(digits.split(".")[1]) if "." in digits else 0
+    scale = size * 10 ** int(exp or 0)
+    return Figure(text, kind, float(digits.replace(",", "")) * scale, 0.5 * 10 ** -decimals * scale)
 
 
 def figures(text: str) -> list[Figure]:
@@ -89,15 +119,26 @@ def figures(text: str) -> list[Figure]:
     text = re.sub(r"\\text\{([^}]*)\}", r"\1", text).replace("\\,", " ").replace("\\%", "%").replace("$", " ")
     out = []
     for m in _FIGURE.finditer(text):
-        digits, exp, space, unit = m.groups()
+        first, first_exp, digits, exp, space, unit = m.groups()
         if not space and unit not in ATTACHED:
             continue
-        kind, size = UNITS[unit]
-        decimals = len(digits.split(".")[1]) if "." in digits else 0
-        scale = size * 10 ** int(exp or 0)
-        v, half = float(digits.replace(",", "")), 0.5 * 10 ** -decimals
-        out.append(Figure(m.group(0).strip(), kind, (v - half) * scale, (v + half) * scale))
+        after = text[m.end():]
+        if unit == "times" and not _COMPARISON.match(after):
+            continue
+        if UNITS[unit][0] == "FLOPs" and _PER_BYTE.match(after):
+            continue  # an intensity (FLOPs per byte), not a count of FLOPs
+        whole = m.group(0).strip()
+        if first is not None:
+            out.append(_figure(f"{first} {unit}" if space else f"{first}{unit}", first, first_exp, unit))
+            whole = whole[whole.index(digits, len(first)):]
+        out.append(_figure(whole, digits, exp, unit))
     return out
+
+
+def _figure_in_code(fig: Figure, literal: float) -> bool:
+    """A code literal that is the figure in some unit of its kind (a percentage also as a fraction)."""
+    sizes = [size for kind, size in UNITS.values() if kind == fig.kind] + ([100] if fig.kind == "percent" else [])
+    return any(fig.low <= literal * size <= fig.high for size in sizes)
 
 
 def _cell_text(cell) -> str:
@@ -138,13 +179,8 @@ def _ledger(stem: str) -> dict[str, str]:
 
 
 def _in_code(fig: Figure, code: str) -> bool:
-    """A literal of the code cells equals the figure in some unit of its kind."""
-    units = [size for kind, size in UNITS.values() if kind == fig.kind]
-    for lit in _LITERAL.findall(code):
-        x = float(lit.replace("_", ""))
-        if any(fig.low <= x * size <= fig.high for size in units):
-            return True
-    return False
+    """A literal of ``code`` equals the figure in some unit of its kind."""
+    return any(_figure_in_code(fig, float(lit.replace("_", ""))) for lit in _LITERAL.findall(code))
 
 
 def _check_mark(fig: Figure, kind: str, ref: str, stem: str, code: str) -> str | None:

@@ -86,3 +86,25 @@ def test_a_mark_must_name_a_figure_of_its_cell_and_be_well_formed(tmp_path):
     assert len(stale) == 1 and "names a figure the cell does not state" in stale[0]
     with pytest.raises(ValueError, match="FIGURE = book ID"):
         prose.check(_notebook(tmp_path, "Wait 50 ms. <!-- figures: 50 ms is an input -->"))
+
+
+@pytest.mark.parametrize("text, output, ok", [
+    ("about 5 ms", "0.006 s", False),     # touching rounding intervals are not agreement
+    ("under 0.2 s", "0 s", False),         # a zero supports only a zero
+    ("40-65% slower", "65%", False),       # a range is two figures: 40% needs support too
+    ("40-65% slower", "40% and 65%", True),
+    ("12 GB/GPU", "12.0 GB", True),
+    ("400 Gb/s", "50 GB/s", True),          # gigabits
+])
+def test_agreement_edges(tmp_path, text, output, ok):
+    assert (prose.check(_notebook(tmp_path, text, [output])) == []) is ok
+
+
+def test_counts_and_intensities_are_not_figures():
+    assert prose.figures("each setting is repeated 3 times; 1 FLOP per byte") == []
+    assert [f.text for f in prose.figures("17 times fewer bytes")] == ["17 times"]
+
+
+def test_a_percentage_input_may_be_written_as_a_fraction(tmp_path):
+    text = "Take p = 95%. <!-- figures: 95% = input -->"
+    assert prose.check(_notebook(tmp_path, text, code="p = 0.95")) == []
