@@ -169,7 +169,7 @@ def _resolve(entry: Private):
         try:
             obj = getattr(obj, attr)
         except AttributeError as exc:
-            raise missing(walked if walked == entry.path else f"{walked} (for {entry.path})") from exc
+            raise missing(walked, "" if walked == entry.path else f"needed for {entry.path}") from exc
     return obj
 
 
@@ -204,9 +204,9 @@ def _check_memtracker_state() -> list[str]:
     tracker = get("MemTracker")()
     with tracker:
         gone = [a for a in MEMTRACKER_STATE if not hasattr(tracker, a)]
-        if not hasattr(tracker.memory_tracking, "data"):  # fake_step reads the weak dict's .data
+        if not hasattr(getattr(tracker, "memory_tracking", None), "data"):  # fake_step reads the weak dict's
             gone.append("memory_tracking.data")
-    return [f"{_MEM}.MemTracker (an instance).{a}" for a in gone]
+    return [f"{_MEM}.MemTracker.{a} (an instance's)" for a in gone]
 
 
 def probe() -> list[str]:
@@ -262,7 +262,7 @@ def clear_dtensor_caches() -> None:
     get("clear_sharding_prop_cache")()
     get("propagate_tensor_meta_cached").cache_clear()
     get("gen_transform_infos").cache_clear()
-    get("MeshTopoInfo").build_from_mesh.cache_clear()
+    _member(get("MeshTopoInfo"), "MeshTopoInfo", "build_from_mesh").cache_clear()
 
 
 def flatten_mesh(mesh, name: str):

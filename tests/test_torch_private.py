@@ -78,6 +78,18 @@ def test_a_missing_module_is_named(monkeypatch):
     assert tp.verdict().startswith("torch private APIs: 4 missing (update helpers/torch_private.py): ")
 
 
+def test_a_missing_member_or_instance_attribute_is_named(monkeypatch):
+    from torch.distributed.tensor._collective_utils import MeshTopoInfo
+
+    monkeypatch.delattr(MeshTopoInfo, "build_from_mesh")
+    with pytest.raises(tp.MissingPrivateAPI) as info:
+        tp.clear_dtensor_caches()
+    _says_what_moved(info.value, "torch.distributed.tensor._collective_utils.MeshTopoInfo.build_from_mesh")
+    monkeypatch.setattr(tp, "MEMTRACKER_STATE", tp.MEMTRACKER_STATE + ("_peak_mem_v2",))
+    assert tp.probe() == ["torch.distributed.tensor._collective_utils.MeshTopoInfo.build_from_mesh",
+                          "torch.distributed._tools.mem_tracker.MemTracker._peak_mem_v2 (an instance's)"]
+
+
 def test_a_renamed_private_state_is_refused_not_written(monkeypatch):
     class Renamed:  # a MemTracker whose peak lives elsewhere: writing _peak_mem would go unnoticed
         def get_tracker_snapshot(self, kind):
