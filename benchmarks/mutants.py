@@ -252,7 +252,7 @@ MUTATIONS = [
       "ZeRO-1 in PyTorch's code reduce-scatters per micro-batch: m times the gradient traffic of 12.4.1's ZeRO-1"),
     # fake step: ZeRO shards over DP only, not over the DP x CP ranks that hold the same weights
     M("fake-step-shard-over-dp-only", "helpers/fake_step.py",
-      'return mesh, (mesh["dp", "cp"]._flatten("dp_cp") if layout.cp > 1 else mesh["dp"])',
+      'return mesh, (flatten_mesh(mesh["dp", "cp"], "dp_cp") if layout.cp > 1 else mesh["dp"])',
       'return mesh, mesh["dp"]', "tests/test_fake_world.py",
       "CP ranks never synchronise (or shard) their gradients: 12.3.2/12.4.2's model state CP x too large, no dp_cp traffic"),
     # fake step: attention's backward FLOPs counted with the forward formula

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .efficiency import round_robin_tasks
 from .validate import durations, integer_at_least
 
 
@@ -212,20 +213,11 @@ def amdahl_job_worker(n_tasks: int, task_s: float, serial_s: float):
 
     from .commlog import span
 
-    rank, world = dist.get_rank(), dist.get_world_size()
-    granular_time(n_tasks, task_s, serial_s, world)  # validates
-    mine = range(rank, n_tasks, world)
-    dist.barrier()
-    t0 = time.perf_counter()
-    with span("parallel"):
-        for _ in mine:
-            time.sleep(task_s)
-    t1 = time.perf_counter()
-    with span("wait"):
-        dist.barrier()  # the serial tail needs every task's result
-    if rank == 0:
+    granular_time(n_tasks, task_s, serial_s, dist.get_world_size())  # validates
+    tasks, t0, t1, _ = round_robin_tasks(n_tasks, task_s, "parallel")  # the serial tail needs every task's result
+    if dist.get_rank() == 0:
         with span("serial"):
             time.sleep(serial_s)
     with span("wait"):
         dist.barrier()  # the job ends when the tail ends
-    return {"tasks": len(mine), "busy": t1 - t0, "elapsed": time.perf_counter() - t0}
+    return {"tasks": tasks, "busy": t1 - t0, "elapsed": time.perf_counter() - t0}

@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from .costs import ring_bytes_sent
+from .torch_private import FUNCTIONAL_NAMESPACE
 
 # c10d dispatcher op name -> (our name, which positional argument holds the payload tensors)
 _OPS = {
@@ -120,9 +121,9 @@ def _find_group(args):
     for a in args:
         if isinstance(a, str):  # functional collectives: a group name
             try:
-                from torch.distributed.distributed_c10d import _resolve_process_group
+                from .torch_private import resolve_process_group
 
-                return _resolve_process_group(a)
+                return resolve_process_group(a)
             except Exception:  # pragma: no cover - depends on torch internals
                 pass
     return None
@@ -144,7 +145,7 @@ def record_call(log: "CommLog", func, args, kwargs) -> None:
     dispatch mode of :class:`CommLog` does with each op; also for a mode that records on its
     behalf, :mod:`helpers.fake_step`'s)."""
     ns = func.namespace
-    table = _OPS if ns == "c10d" else _FUNCTIONAL if ns == "_c10d_functional" else None
+    table = _OPS if ns == "c10d" else _FUNCTIONAL if ns == FUNCTIONAL_NAMESPACE else None
     if table is None:
         return
     name = func.__name__.split(".")[0]
@@ -152,12 +153,12 @@ def record_call(log: "CommLog", func, args, kwargs) -> None:
         op, idx = table[name]
         nbytes = 0 if idx is None else _tensor_bytes(args[idx])
         # a functional all-gather receives its input: the whole buffer is group size x that
-        whole = ns == "_c10d_functional" and op == "all_gather"
+        whole = ns == FUNCTIONAL_NAMESPACE and op == "all_gather"
         log.record(op, nbytes, list(args) + list(kwargs.values()), name, per_member=whole)
 
 
 def _make_mode_class():
-    from torch.utils._python_dispatch import TorchDispatchMode
+    from .torch_private import TorchDispatchMode
 
     class _Recorder(TorchDispatchMode):
         def __init__(self, log: "CommLog"):

@@ -3,9 +3,10 @@
 Prints the platform, the Python, every package pinned in ``requirements.txt`` with the version
 installed beside the pin, torch's build, the GPUs and NCCL it finds, and the backend and world
 size a launch would pick: :func:`helpers.launcher.plan_ranks` for ``launch`` from a notebook,
-:func:`helpers.torchrun_main.pick_backend` for torchrun. It imports torch only to ask it, and
-reports a missing or broken torch instead of failing. Exit status 1 when a pinned package is
-missing or at another version (the report says which), else 0.
+:func:`helpers.torchrun_main.pick_backend` for torchrun, and whether the private torch APIs the
+workbook uses are where it expects them (:func:`helpers.torch_private.probe`). It imports torch
+only to ask it, and reports a missing or broken torch instead of failing. Exit status 1 when a
+pinned package is missing or at another version (the report says which), else 0.
 
     python -m helpers.doctor            # what ./workbook doctor runs
 """
@@ -89,6 +90,16 @@ def torch_facts(torch=None) -> dict:
     return facts
 
 
+def private_apis() -> str:
+    """The verdict of :func:`helpers.torch_private.probe`: all present, or which are missing."""
+    from .torch_private import verdict
+
+    try:
+        return verdict()
+    except Exception as exc:  # a torch broken in another way: say so, the rest of the report still counts
+        return f"torch private APIs: cannot be probed: {type(exc).__name__}: {exc}"
+
+
 def report(requirements: Path | str = REQUIREMENTS, installed=None, torch=None) -> tuple[list[str], int]:
     """The doctor's lines and exit status (1 when a pin is missing or differs)."""
     lines = [
@@ -115,6 +126,7 @@ def report(requirements: Path | str = REQUIREMENTS, installed=None, torch=None) 
             nccl += f" (NCCL {facts['nccl_version']})"
         lines.append(f"torch.distributed: {'yes' if facts['distributed'] else 'no'}; gloo: "
                      f"{'yes' if facts['gloo'] else 'no'}; NCCL: {nccl}")
+        lines.append(private_apis())
         from .launcher import plan_ranks
         from .torchrun_main import pick_backend
 

@@ -100,24 +100,31 @@ def imbalance_worker(tasks: int, task_s: float):
 
     Returns how many tasks it did, its busy time and its wait at the closing barrier.
     """
+    tasks = _positive_int(tasks, "tasks")
+    (task_s,) = _durations([task_s], "task_s")
+    n, t0, t1, t2 = round_robin_tasks(tasks, task_s, "tasks")
+    return {"tasks": n, "busy": t1 - t0, "wait": t2 - t1, "step": t2 - t0}
+
+
+def round_robin_tasks(tasks: int, task_s: float, label: str) -> tuple[int, float, float, float]:
+    """On the launcher's ranks, after a barrier: rank r sleeps ``task_s`` for each of tasks r, r+N,
+    r+2N, ... of ``tasks`` (in a span ``label``), then waits for the others at a barrier (span
+    "wait"). Returns its task count and the times it started, ended its tasks and left the barrier
+    (for :func:`imbalance_worker` and :func:`helpers.amdahl.amdahl_job_worker`; they validate)."""
     import torch.distributed as dist
 
     from .commlog import span
 
-    rank, world = dist.get_rank(), dist.get_world_size()
-    tasks = _positive_int(tasks, "tasks")
-    (task_s,) = _durations([task_s], "task_s")
-    mine = range(rank, tasks, world)
+    mine = range(dist.get_rank(), tasks, dist.get_world_size())
     dist.barrier()
     t0 = time.perf_counter()
-    with span("tasks"):
+    with span(label):
         for _ in mine:
             time.sleep(task_s)
     t1 = time.perf_counter()
     with span("wait"):
         dist.barrier()
-    t2 = time.perf_counter()
-    return {"tasks": len(mine), "busy": t1 - t0, "wait": t2 - t1, "step": t2 - t0}
+    return len(mine), t0, t1, time.perf_counter()
 
 
 # ---- 3. launch overhead vs slice size --------------------------------------------------------

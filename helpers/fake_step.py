@@ -43,6 +43,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from .llama_model import Stage, stage_layer_ids, tp_plan
+from .torch_private import FUNCTIONAL_NAMESPACE, flatten_mesh, restart_peak, swap_propagation_lock
 
 MESH_DIMS = ("dp", "pp", "cp", "tp")
 CATEGORIES = ("parameters", "gradients", "optimizer", "activations", "temporaries", "other")
@@ -66,7 +67,7 @@ def make_mesh(layout, device: str = "cpu") -> tuple:
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh(device, tuple(getattr(layout, n) for n in MESH_DIMS), mesh_dim_names=MESH_DIMS)
-    return mesh, (mesh["dp", "cp"]._flatten("dp_cp") if layout.cp > 1 else mesh["dp"])
+    return mesh, (flatten_mesh(mesh["dp", "cp"], "dp_cp") if layout.cp > 1 else mesh["dp"])
 
 
 def build(model, layout, stages: list, *, dropout: bool = False, reduce_dtype: str = "float32", meshes=None):
@@ -95,13 +96,13 @@ def build(model, layout, stages: list, *, dropout: bool = False, reduce_dtype: s
         if top:
             parallelize_module(stage, mesh["tp"], top)
     if layout.recompute == "full":  # keep each block's input only; recompute the rest in backward
-        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+        from .torch_private import checkpoint_wrapper
 
         for name in list(stage.layers):
             stage.layers[name] = checkpoint_wrapper(stage.layers[name], preserve_rng_state=False)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=getattr(torch, reduce_dtype))
     if layout.zero == 0:
-        from torch.distributed._composable.replicate_with_fsdp import replicate
+        from .torch_private import replicate
 
         wrap = lambda mod: replicate(mod, mesh=dp_mesh, mp_policy=mp)
     else:
@@ -266,12 +267,10 @@ def memtracker_class():
     from functools import partial
     from threading import get_ident
 
-    from torch._guards import active_fake_mode
-    from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _MemRefType, _ModState
     from torch.distributed.tensor import DTensor
-    from torch.utils._pytree import tree_map_only
 
     from .commlog import record_call
+    from .torch_private import TOTAL_KEY, MemRefType, MemTracker, ModState, active_fake_mode, tree_map_only
 
     class _Tracker(MemTracker):
         _by_fqn, _by_fqn_len = None, -1
@@ -307,12 +306,12 @@ def memtracker_class():
                 for mod_stats in by_fqn.get(fqn, ()):
                     if peak_state in mod_stats.snapshots:
                         for dev, dev_snap in curr_snap.items():
-                            if mod_stats.local_peak.get(dev, 0) < dev_snap[_TOTAL_KEY]:
-                                mod_stats.local_peak[dev] = dev_snap[_TOTAL_KEY]
+                            if mod_stats.local_peak.get(dev, 0) < dev_snap[TOTAL_KEY]:
+                                mod_stats.local_peak[dev] = dev_snap[TOTAL_KEY]
                                 mod_stats.snapshots[peak_state][-1][dev] = dict(dev_snap)
             for dev, dev_snap in curr_snap.items():
-                if self._peak_mem.get(dev, 0) < dev_snap[_TOTAL_KEY]:
-                    self._peak_mem[dev] = dev_snap[_TOTAL_KEY]
+                if self._peak_mem.get(dev, 0) < dev_snap[TOTAL_KEY]:
+                    self._peak_mem[dev] = dev_snap[TOTAL_KEY]
                     self._peak_mem_snap[dev] = dict(dev_snap)
 
         def __enter__(self):
@@ -352,22 +351,21 @@ def memtracker_class():
                 res = func(*args, **(kwargs or {}))
             if active_fake_mode() is self._fake_mode_on_entry:
                 if self._in_opt:
-                    reftype = _MemRefType.OPT
+                    reftype = MemRefType.OPT
                 elif self._mod_tracker.is_bw and not self._in_ac:
-                    reftype = _MemRefType.TEMP
+                    reftype = MemRefType.TEMP
                 else:
-                    reftype = _MemRefType.ACT
+                    reftype = MemRefType.ACT
                 if type(res) in _TENSOR_TYPES:
                     self._track(reftype, res)
                 else:
                     tree_map_only(torch.Tensor, partial(self._track, reftype), res)
-                self._update_peak_stats(_ModState.PEAK_BW if self._mod_tracker.is_bw else _ModState.PEAK_FW)
+                self._update_peak_stats(ModState.PEAK_BW if self._mod_tracker.is_bw else ModState.PEAK_FW)
             return res
 
-    from torch._subclasses.fake_tensor import FakeTensor
+    from .torch_private import FakeTensor, wait_tensor
 
     _TENSOR_TYPES = (torch.Tensor, FakeTensor)  # leaves of tree_map_only, exactly (no pytree node)
-    wait_tensor = torch.ops._c10d_functional.wait_tensor.default
     return _Tracker
 
 
@@ -388,7 +386,7 @@ def _backend_keeps(func) -> bool:
     if keeps is None:
         from .commlog import _FUNCTIONAL
 
-        keeps = _KEEPS[func] = func.namespace == "_c10d_functional" and func.__name__.split(".")[0] in _FUNCTIONAL
+        keeps = _KEEPS[func] = func.namespace == FUNCTIONAL_NAMESPACE and func.__name__.split(".")[0] in _FUNCTIONAL
     return keeps
 
 
@@ -405,12 +403,12 @@ def _collective_on_copies(func, args, kwargs):
     sequence-parallel block's backward); with its gloo threads at SCHED_IDLE (run only while the
     main thread waits) 2 runs in 3. The fake world's collectives end at once and hold nothing.
     Called inside the tracker's dispatch: the copies are neither tracked nor counted as FLOPs."""
-    from torch.utils._pytree import tree_flatten, tree_unflatten
+    from .torch_private import tree_flatten, tree_unflatten
+    from .torch_private import wait_tensor as wait
 
     flat, spec = tree_flatten((args, kwargs))
     a2, k2 = tree_unflatten([a.clone() if isinstance(a, torch.Tensor) else a for a in flat], spec)
     outs, out_spec = tree_flatten(func(*a2, **k2))
-    wait = torch.ops._c10d_functional.wait_tensor.default
     return tree_unflatten([wait(t).clone() if isinstance(t, torch.Tensor) else t for t in outs], out_spec)
 
 
@@ -439,7 +437,14 @@ def flop_counter():
         return sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
 
     from torch.distributed.tensor import DTensor
-    from torch.utils.flop_counter import _FlopCounterMode
+
+    from .torch_private import (
+        FlopCounterDispatchMode,
+        HigherOrderOperator,
+        count_flops,
+        sdpa_flash_cpu,
+        sdpa_flash_cpu_backward,
+    )
 
     not_counted = frozenset({  # _FlopCounterMode.__torch_dispatch__'s (torch 2.13.0) set, built once
         aten.sym_is_contiguous.default, aten.is_contiguous.default, aten.is_contiguous.memory_format,
@@ -449,7 +454,7 @@ def flop_counter():
         torch.ops.prim.layout.default})
     device_op = torch.ops.prim.device.default
 
-    class _LocalMode(_FlopCounterMode):
+    class _LocalMode(FlopCounterDispatchMode):
         @classmethod
         def _should_skip_dynamo(cls):
             return False  # no torch.compile here: no dynamo-disable wrapper per op (see memtracker_class)
@@ -466,7 +471,7 @@ def flop_counter():
             kwargs = kwargs if kwargs else {}
             if func in not_counted:
                 return NotImplemented
-            if isinstance(func, torch._ops.HigherOrderOperator):
+            if isinstance(func, HigherOrderOperator):
                 return self._handle_higher_order_ops(func, types, args, kwargs)
             counter = self.counter
             if func not in counter.flop_registry and func is not device_op:
@@ -475,7 +480,7 @@ def flop_counter():
                     if r is not NotImplemented:
                         return r
             out = func(*args, **kwargs)
-            return counter._count_flops(func._overloadpacket, out, args, kwargs)
+            return count_flops(counter, func.overloadpacket, out, args, kwargs)
 
     class _Counter(FlopCounterMode):
         def __enter__(self):
@@ -489,8 +494,7 @@ def flop_counter():
             self.mode = None
             return False
 
-    counter = _Counter(display=False, custom_mapping={aten._scaled_dot_product_flash_attention_for_cpu: fwd,
-                                                      aten._scaled_dot_product_flash_attention_for_cpu_backward: bwd})
+    counter = _Counter(display=False, custom_mapping={sdpa_flash_cpu: fwd, sdpa_flash_cpu_backward: bwd})
     counter.mod_tracker = _NoModules()
     return counter
 
@@ -516,22 +520,19 @@ def measured_step(model, layout, stages, m: int, *, fake: bool, dropout: bool = 
     the model state held after the step, every collective (:class:`helpers.commlog.CommLog`),
     FLOPs (FlopCounterMode) and, with ``boundaries``, the counters at each micro-batch boundary.
     Runs in the current process group, fake or real."""
-    from torch.distributed.tensor._sharding_prop import ShardingPropagator
-
-    saved_lock = ShardingPropagator._fake_mode_lock
-    ShardingPropagator._fake_mode_lock = _PropagationMarker()
+    saved_lock = swap_propagation_lock(_PropagationMarker())
     try:
         t0 = time.perf_counter()
         parts = build(model, layout, stages, dropout=dropout, reduce_dtype=reduce_dtype, meshes=meshes)
         mode = nullcontext()
         if fake:
-            from torch._subclasses.fake_tensor import FakeTensorMode
+            from .torch_private import FakeTensorMode
 
             mode = FakeTensorMode(allow_non_fake_inputs=True)  # the meta parameters become fake
         with mode:
             return _measure(model, layout, parts, m, init=not fake, boundaries=boundaries, t0=t0, warm=warm)
     finally:
-        ShardingPropagator._fake_mode_lock = saved_lock
+        swap_propagation_lock(saved_lock)
 
 
 def _measure(model, layout, parts, m, *, init, boundaries, t0, warm):
@@ -551,8 +552,7 @@ def _measure(model, layout, parts, m, *, init, boundaries, t0, warm):
         kind = current[0]
         if kind not in phases or snap["total"] > phases[kind]["total"]:
             phases[kind] = snap
-        tracker._peak_mem_snap = tracker.get_tracker_snapshot("current")
-        tracker._peak_mem = {dev: d["Total"] for dev, d in tracker._peak_mem_snap.items()}
+        restart_peak(tracker)
 
     def mark(kind, i):
         close_phase()

@@ -60,29 +60,20 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
-from . import validate
+from . import torch_private, validate
 from .commlog import ring_bytes_sent
 from .planner import Layout, Model
+from .torch_private import PINNED_TORCH  # noqa: F401 (helpers.fake_world.PINNED_TORCH, as before)
 
-PINNED_TORCH = "2.13.0"
 MAX_LAYER_PASSES = 300  # default refusal limit
 SECONDS_PER_PASS = 0.15  # one layer's forward or backward for one micro-batch, traced (2-core machine, under load)
 PASSES_PER_TRACE = 15  # a trace's own cost (building the stage, its optimizer's first step) in layer passes
 
 
 def fake_store_class():
-    """torch's ``FakeStore`` (private: ``torch.testing._internal.distributed.fake_pg``)."""
-    try:
-        from torch.testing._internal.distributed.fake_pg import FakeStore
-    except ImportError as e:  # pragma: no cover - depends on the installed torch
-        import torch
-
-        raise ImportError(
-            f"helpers.fake_world needs torch's fake process group (FakeStore in the private module "
-            f"torch.testing._internal.distributed.fake_pg), present in torch {PINNED_TORCH}, the version this "
-            f"workbook pins; the installed torch {torch.__version__} does not provide it ({e}). "
-            f"Install torch=={PINNED_TORCH} (requirements.txt).") from e
-    return FakeStore
+    """torch's ``FakeStore`` (private: ``torch.testing._internal.distributed.fake_pg``; through
+    :mod:`helpers.torch_private`, which says what moved if the installed torch lacks it)."""
+    return torch_private.get("FakeStore")
 
 
 @contextmanager
@@ -112,14 +103,7 @@ def fake_world(world_size: int, rank: int = 0):
 def _clear_dtensor_caches():
     """DTensor caches sharding decisions keyed by specs whose meshes compare equal across worlds;
     a cached entry from an earlier (destroyed) world would name its dead process groups."""
-    from torch.distributed.tensor import DTensor, _redistribute
-    from torch.distributed.tensor._collective_utils import MeshTopoInfo
-    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
-
-    _clear_sharding_prop_cache()
-    DTensor._op_dispatcher.sharding_propagator._propagate_tensor_meta_cached.cache_clear()
-    _redistribute._gen_transform_infos.cache_clear()
-    MeshTopoInfo.build_from_mesh.cache_clear()
+    torch_private.clear_dtensor_caches()
 
 
 # ---- the layout, checked before anything is traced ------------------------------------------------

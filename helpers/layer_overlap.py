@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 from .commlog import add_span, mark, now, ops_since, span
+from .torch_private import set_unshard_async_op
 from .validate import equal_parts, integer_at_least
 
 PREFETCH_WIDTHS = (512, 640, 768, 896, 512)  # four layers whose parameter bytes all differ
@@ -96,7 +97,7 @@ def fsdp_prefetch_worker(widths=PREFETCH_WIDTHS, batch: int = 256, steps: int = 
         for a, b in zip(model[:-1], model[1:]):
             a.set_modules_to_forward_prefetch([b])
     if async_unshard:
-        model._set_unshard_async_op(True)  # private in torch 2.13: all-gathers return a Work, waited in pre-forward
+        set_unshard_async_op(model, True)  # private in torch 2.13: all-gathers return a Work, waited in pre-forward
     x = _prefetch_input(widths, batch, seed).to(device()).requires_grad_(True)
     for _ in range(integer_at_least(steps, "steps")):
         events.clear()

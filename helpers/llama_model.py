@@ -126,7 +126,7 @@ class Attention(nn.Module):
             # chunks is not applied (values are not those of causal attention; shapes, bytes
             # and communication are; FLOPs are counted for full attention, as PyTorch's counter
             # does for causal attention anyway).
-            from torch.distributed._functional_collectives import all_gather_single_autograd
+            from .torch_private import all_gather_single_autograd
 
             k = all_gather_single_autograd(k.contiguous(), gather_dim=2, group=self.cp_group)
             v = all_gather_single_autograd(v.contiguous(), gather_dim=2, group=self.cp_group)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from .commlog import add_span, mark, now, ops_since, span
 from .data_parallel import make_batches, make_model, rank_rows
+from .torch_private import ddp_logging_data
 from .validate import integer_at_least, positive_number
 
 MLP_SIZES = (8, 32, 32, 1)  # the P.6 regression MLP, with a hidden layer more so that buckets differ
@@ -179,7 +180,7 @@ def ddp_worker(bucket_cap_mb: float | None = None, steps: int = 3, batch: int = 
 
     ddp = DDP(make_model(seed, sizes).to(device()), bucket_cap_mb=bucket_cap_mb)
     out = _train(ddp, lambda m: [o.bytes for o in ops_since(m) if o.op == "all_reduce"], steps, batch, lr, sizes)
-    data = ddp._get_ddp_logging_data()
+    data = ddp_logging_data(ddp)
     return {**out, "rebuilt": str(data.get("rebuilt_bucket_sizes", "")), "initial": str(data.get("bucket_sizes", ""))}
 
 

@@ -34,6 +34,8 @@ import time
 from contextlib import contextmanager
 from multiprocessing.connection import wait as _wait_conns
 
+from .torch_private import DYNAMO_MODULE
+
 _IDLE_WAIT = 10.0  # seconds a launch waits for the workers to finish tearing down the last job
 _DIR_PREFIX = "helpers-launcher-"
 
@@ -201,7 +203,7 @@ class Pool:
         # under a mode imports torch._dynamo (torch._compile._disable_dynamo), 3-4 s of CPU. Paid
         # once here, not by every rank of every fresh pool (measured: a 1 s monitored barrier
         # took 4.5 s to fail on fresh workers, over 10 s on a loaded two-core machine).
-        ctx.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "cloudpickle", "helpers.worker"])
+        ctx.set_forkserver_preload(["torch", "torch.distributed", DYNAMO_MODULE, "cloudpickle", "helpers.worker"])
         _start_forkserver()
         _hook_kernel_shutdown()
         self.ctx = ctx

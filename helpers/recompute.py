@@ -176,7 +176,7 @@ def rng_check(cfg: BlockConfig, s: int, b: int, policy: str, dtype=torch.bfloat1
 def peak_bytes(cfg: BlockConfig, s: int, b: int, policy: str, layers: int, dtype=torch.bfloat16) -> int:
     """Peak memory over one forward + backward of a stack of ``layers`` blocks, parameters left
     out, as ``MemTracker`` counts it (activations, their gradients, weight gradients, temporaries)."""
-    from torch.distributed._tools.mem_tracker import MemTracker
+    from .torch_private import MemTracker
 
     cfg = as_config(cfg)
     s, b = _check_shape(cfg, s, b)
