@@ -176,12 +176,14 @@ def cited_audit_ids(row: dict[str, str]) -> set[str]:
 
 
 def uncited_audit_ids(rows=None, audit_dir: Path | str = AUDIT_DIR) -> list[str]:
-    """The second audit's claims (``data/audit/*.csv``) that no ledger row cites: what the
+    """The second audit's claims (``data/audit/<section>.csv``) that no ledger row cites: what the
     reconciliation missed. Empty when every claim either audit found is in the ledger."""
     rows = load() if rows is None else rows
     cited = set().union(*(cited_audit_ids(r) for r in rows)) if rows else set()
     listed = []
     for p in sorted(Path(audit_dir).glob("*.csv")):
+        if not _SECTION.fullmatch(p.stem):  # e.g. verdicts.csv, the review of the ledger's verdicts
+            continue
         with open(p, newline="", encoding="utf-8") as f:
             listed += [r["id"] for r in csv.DictReader(f)]
     return [i for i in listed if i not in cited]
