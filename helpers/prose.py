@@ -52,7 +52,7 @@ UNITS = {
     "h": ("seconds", 3600), "hour": ("seconds", 3600), "hours": ("seconds", 3600),
     "day": ("seconds", 86400), "days": ("seconds", 86400),
     "MB/s": ("bytes/s", 1e6), "GB/s": ("bytes/s", 1e9), "TB/s": ("bytes/s", 1e12),
-    "Gb/s": ("bytes/s", 1e9 / 8), "Tb/s": ("bytes/s", 1e12 / 8),
+    "Gb/s": ("bytes/s", 1e9 / 8), "Tb/s": ("bytes/s", 1e12 / 8), "bytes/s": ("bytes/s", 1),
     "GFLOP/s": ("FLOP/s", 1e9), "TFLOP/s": ("FLOP/s", 1e12), "PFLOP/s": ("FLOP/s", 1e15), "TF/s": ("FLOP/s", 1e12),
     "TFLOPS": ("FLOP/s", 1e12),
     "FLOP": ("FLOPs", 1), "FLOPs": ("FLOPs", 1), "GFLOP": ("FLOPs", 1e9), "TFLOP": ("FLOPs", 1e12),
