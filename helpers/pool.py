@@ -34,6 +34,8 @@ import time
 from contextlib import contextmanager
 from multiprocessing.connection import wait as _wait_conns
 
+from .procfs import process_ended, start_ticks
+
 _IDLE_WAIT = 10.0  # seconds a launch waits for the workers to finish tearing down the last job
 _DIR_PREFIX = "helpers-launcher-"
 
@@ -41,24 +43,6 @@ _DIR_PREFIX = "helpers-launcher-"
 # ---- the kernel's private folder -----------------------------------------------------------------
 
 _KERNEL_DIR: str | None = None
-
-
-def _start_ticks(pid: int) -> str | None:
-    """When process ``pid`` started (clock ticks since boot; Linux), None when it is gone or a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-    except FileNotFoundError:
-        return None
-    except OSError:  # no /proc: a live pid is all we can tell
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return None
-        except OSError:
-            pass
-        return "0"
-    return None if fields[0] in (b"Z", b"X") else fields[19].decode()
 
 
 def _sweep_stale_dirs():
@@ -78,7 +62,7 @@ def _sweep_stale_dirs():
                 continue
         except OSError:
             continue
-        if _start_ticks(int(pid)) not in (start, "0"):
+        if start_ticks(int(pid)) not in (start, "0"):
             shutil.rmtree(path, ignore_errors=True)
 
 
@@ -92,7 +76,7 @@ def kernel_dir() -> str:
     if _KERNEL_DIR is None or not os.path.isdir(_KERNEL_DIR):
         from multiprocessing import util
 
-        path = os.path.join(tempfile.gettempdir(), f"{_DIR_PREFIX}{os.getpid()}-{_start_ticks(os.getpid()) or 0}")
+        path = os.path.join(tempfile.gettempdir(), f"{_DIR_PREFIX}{os.getpid()}-{start_ticks(os.getpid()) or 0}")
         os.makedirs(path, mode=0o700, exist_ok=True)
         if _KERNEL_DIR is None:  # removed after multiprocessing's own exit work, as it removes pymp-*
             util.Finalize(None, shutil.rmtree, args=(path, True), exitpriority=-100)
@@ -269,8 +253,6 @@ class Pool:
                 c.close()
             except Exception:
                 pass
-        from .worker import process_ended
-
         started = [p for p in self.procs if p.pid is not None]
         for p in started:
             try:

@@ -39,6 +39,8 @@ import time
 import traceback
 from datetime import timedelta
 
+from .procfs import process_ended
+
 _DEVICE_TYPE = "cpu"
 _LOCAL_RANK = 0
 
@@ -88,22 +90,6 @@ class _Forward(io.TextIOBase):
         if text:
             self._send(("out", self._job, self._stream, text))
         return len(text)
-
-
-def process_ended(pid: int) -> bool:
-    """True when process ``pid`` has ended, also while it is an unreaped zombie (Linux's /proc;
-    elsewhere only a reaped process counts as ended)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
-    except FileNotFoundError:
-        return True
-    except OSError:  # no /proc (not Linux): signal 0 at least sees a reaped process
-        try:
-            os.kill(pid, 0)
-        except OSError:
-            return True
-        return False
 
 
 # What this worker is doing, for the parent's hang diagnosis (read by the listener thread).
