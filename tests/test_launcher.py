@@ -380,10 +380,12 @@ if __name__ == "__main__":
 
 def test_two_kernels_launching_at_once_do_not_collide(tmp_path):
     procs = []
+    env = dict(os.environ, PYTHONPATH=str(ROOT))  # this checkout's helpers, in the kernels and their workers
     for k in (1, 2):
         script = tmp_path / f"kernel{k}.py"
         script.write_text(TWO_KERNELS.replace("{k}", str(k)))
-        procs.append(subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        procs.append(subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True, env=env))
     outs = [p.communicate(timeout=120) for p in procs]
     for k, (p, (out, err)) in zip((1, 2), zip(procs, outs)):
         assert p.returncode == 0 and f"ok {k}" in out, err[-2000:]
