@@ -3,9 +3,9 @@
 Serves every notebook that runs ``torch.distributed`` (P.5 onwards). The parent
 (:mod:`helpers.launcher`, through :mod:`helpers.pool`) starts these processes once per kernel and
 keeps them; :mod:`helpers.collect` reads their messages (:mod:`helpers.protocol` defines them:
-a ``Job`` comes in; ``Output``, then ``Done`` or ``Failed``, then ``Idle`` go out). Each job gets a fresh process group on a
-fresh store prefix, so a repeated launch costs an ``init_process_group`` and not a fresh
-``import torch``.
+a ``Job`` comes in; ``Output``, then ``Done`` or ``Failed``, then ``Idle`` go out). Each job gets
+a fresh process group on a fresh store prefix, so a repeated launch costs an
+``init_process_group`` and not a fresh ``import torch``.
 
 Functions defined in a notebook live in ``__main__`` of the kernel, which a child cannot import.
 The parent pickles them by value with cloudpickle and this module unpickles them: that is the
