@@ -2,9 +2,10 @@
 
 Serves :mod:`helpers.launcher` (every notebook that runs ``torch.distributed``, P.5 onwards; the
 timeout diagnosis is shown in P.14). :mod:`helpers.worker` is the other end: per job a rank sends
-``out`` (what it prints, as it prints it), then ``done`` (its pickled result and what it recorded)
-or ``error`` (summary, traceback and the stage it failed in), then ``idle`` once its process group
-is torn down; its lifeline thread answers ``status`` (where it is) at any time.
+``Output`` (what it prints, as it prints it), then ``Done`` (its pickled result and what it
+recorded) or ``Failed`` (summary, traceback and the stage it failed in), then ``Idle`` once its
+process group is torn down; its lifeline thread answers ``StatusQuery`` with ``Status`` (where it
+is) at any time. The messages are defined in :mod:`helpers.protocol`.
 
 What it guarantees:
 
@@ -23,6 +24,8 @@ import time
 from multiprocessing.connection import wait as _wait_conns
 from typing import TYPE_CHECKING
 
+from .protocol import Done, Failed, Idle, Output, Status, StatusQuery
+
 if TYPE_CHECKING:
     from .pool import Pool
 
@@ -32,14 +35,15 @@ _STATUS_WAIT = 0.5  # seconds the diagnosis waits for the stuck ranks to say whe
 def collect(pool: Pool, n: int, job_id: int, deadline: float, outputs: dict) -> tuple[dict, dict, dict]:
     """Read the ranks' messages for one job until all are done, one fails, or the deadline.
 
-    Returns ``done`` (rank -> (pickled result, meta)), ``errors`` (rank -> (summary, traceback,
-    stage)) and, when the deadline passed, ``states`` (rank -> where that rank was, for
-    :func:`helpers.hang.diagnose`); printed text is appended to ``outputs`` as it arrives. After
-    the first error the peers get one more second to report their own, then collection stops.
+    Returns ``done`` (rank -> its :class:`~helpers.protocol.Done`), ``errors`` (rank -> its
+    :class:`~helpers.protocol.Failed`) and, when the deadline passed, ``states`` (rank -> where
+    that rank was, for :func:`helpers.hang.diagnose`); printed text is appended to ``outputs`` as
+    it arrives. After the first error the peers get one more second to report their own, then
+    collection stops.
     """
     conns = pool.conns[:n]
-    done: dict[int, tuple] = {}
-    errors: dict[int, tuple] = {}
+    done: dict[int, Done] = {}
+    errors: dict[int, Failed] = {}
     first_error_at = None
     while len(done) + len(errors) < n:
         now = time.monotonic()
@@ -55,23 +59,22 @@ def collect(pool: Pool, n: int, job_id: int, deadline: float, outputs: dict) -> 
             try:
                 msg = c.recv()
             except (EOFError, OSError):
-                pool.procs[r].join(timeout=1.0)
-                code = pool.procs[r].exitcode
-                errors[r] = (f"the worker process died (exit code {code})", "(no Python traceback: the process ended)", "run")
+                errors[r] = Failed(job_id, f"the worker process died (exit code {pool.exit_code(r, wait=1.0)})",
+                                   "(no Python traceback: the process ended)", "run")
                 first_error_at = first_error_at or time.monotonic()
                 continue
-            kind = msg[0]
-            if msg[1] != job_id:
+            if msg.job_id != job_id:
                 continue  # a late message from an earlier job
-            if kind == "idle":
-                pool.busy.discard(r)
-            elif kind == "out":
-                outputs[r].append((msg[2], msg[3]))
-            elif kind == "done":
-                done[r] = (msg[2], msg[3])
-            elif kind == "error":
-                errors[r] = (msg[2], msg[3], msg[4])
-                first_error_at = first_error_at or time.monotonic()
+            match msg:
+                case Idle():
+                    pool.mark_idle(r)
+                case Output(stream=stream, text=text):
+                    outputs[r].append((stream, text))
+                case Done():
+                    done[r] = msg
+                case Failed():
+                    errors[r] = msg
+                    first_error_at = first_error_at or time.monotonic()
     return done, errors, {}
 
 
@@ -80,7 +83,7 @@ def ask_status(pool: Pool, ranks, job_id: int, outputs: dict) -> dict[int, dict]
     asked = {}
     for r in ranks:
         try:
-            pool.conns[r].send(("status", job_id))
+            pool.send(r, StatusQuery(job_id))
             asked[pool.conns[r]] = r
         except OSError:
             pass
@@ -94,10 +97,13 @@ def ask_status(pool: Pool, ranks, job_id: int, outputs: dict) -> dict[int, dict]
             except (EOFError, OSError):
                 states[asked[c]] = {"phase": "died"}
                 continue
-            if msg[1] == job_id and msg[0] == "status":
-                states[asked[c]] = msg[2]
-            elif msg[1] == job_id and msg[0] == "out":
-                outputs[asked[c]].append((msg[2], msg[3]))
+            if msg.job_id != job_id:
+                continue
+            match msg:
+                case Status(state=state):
+                    states[asked[c]] = state
+                case Output(stream=stream, text=text):
+                    outputs[asked[c]].append((stream, text))
     return states
 
 

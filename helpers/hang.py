@@ -120,12 +120,36 @@ def _describe(key, st: dict) -> str:
 
 
 def diagnose(states: dict[int, dict | None], stuck, finished=(), failed=()) -> Diagnosis:
-    """Explain a hang from each stuck rank's state (see the module docstring); pure, no torch."""
+    """Explain a hang from each stuck rank's state (see the module docstring); pure, no torch.
+
+    Three steps, each saying who waits where and whom that blames: the collectives, the
+    send/recv pairs, the other calls; then the ranks in none of them.
+    """
     stuck, finished, failed = sorted(stuck), set(finished), set(failed)
     keys = {r: _wait_key(states.get(r)) for r in stuck}
     phrases, blamed, mentioned = [], set(), set()
+    steps = (_collectives(keys, states, finished, failed), _point_to_point(keys, states, stuck, finished),
+             _other_calls(keys))
+    for step_phrases, step_blamed, step_mentioned in steps:
+        phrases += step_phrases
+        blamed |= step_blamed
+        mentioned |= step_mentioned
 
-    # collectives: ranks at the same position on the same group, grouped by what they called
+    rest = [r for r in stuck if r not in mentioned]
+    for r in rest:
+        phrases.append(f"rank {r} not in a torch.distributed call (last: {_last(states.get(r))})")
+    if not blamed:  # nobody is obviously behind: suspect those outside the calls, else everyone
+        outside = [r for r in stuck if keys[r] is None or keys[r][0] == "call"]
+        blamed.update(rest or outside or stuck)
+    lines = [_rank_line(r, states.get(r), keys[r]) for r in stuck]
+    return Diagnosis("; ".join(phrases), lines, sorted(blamed), {r: states.get(r) for r in stuck})
+
+
+def _collectives(keys: dict, states: dict, finished: set, failed: set) -> tuple[list[str], set[int], set[int]]:
+    """Ranks at the same position on the same group, grouped by what they called: those in the
+    most common call wait; those in another call are mismatched, members in none are behind.
+    Returns the phrases, the ranks blamed and the ranks mentioned."""
+    phrases, blamed, mentioned = [], set(), set()
     colls: dict[tuple, dict[str, list[int]]] = {}
     for r, k in keys.items():
         if k and k[0] == "coll":
@@ -160,8 +184,13 @@ def diagnose(states: dict[int, dict | None], stuck, finished=(), failed=()) -> D
                 phrases.append(f"rank {m} never entered it (last: {_last(st)})")
             blamed.add(m)
             mentioned.add(m)
+    return phrases, blamed, mentioned
 
-    # send/recv: the peer that never issued the matching call
+
+def _point_to_point(keys: dict, states: dict, stuck: list[int],
+                    finished: set) -> tuple[list[str], set[int], set[int]]:
+    """Ranks waiting in a send or a recv, and the peer that never issued the matching call (blamed)."""
+    phrases, blamed, mentioned = [], set(), set()
     for r, k in keys.items():
         if not k or k[0] != "p2p":
             continue
@@ -182,21 +211,15 @@ def diagnose(states: dict[int, dict | None], stuck, finished=(), failed=()) -> D
             continue
         blamed.add(peer)
         mentioned.add(peer)
+    return phrases, blamed, mentioned
 
-    # other calls (init_process_group, new_group...): those not in it are behind
+
+def _other_calls(keys: dict) -> tuple[list[str], set[int], set[int]]:
+    """Ranks in other calls (init_process_group, new_group...), one phrase per call. It blames
+    nobody itself: when no step does, :func:`diagnose` suspects the ranks outside every call."""
     calls: dict[str, list[int]] = {}
     for r, k in keys.items():
         if k and k[0] == "call":
             calls.setdefault(k[1], []).append(r)
-    for call, rs in calls.items():
-        phrases.append(f"{_ranks(rs)} waiting in {call}")
-        mentioned.update(rs)
-
-    rest = [r for r in stuck if r not in mentioned]
-    for r in rest:
-        phrases.append(f"rank {r} not in a torch.distributed call (last: {_last(states.get(r))})")
-    if not blamed:  # nobody is obviously behind: suspect those outside the calls, else everyone
-        outside = [r for r in stuck if keys[r] is None or keys[r][0] == "call"]
-        blamed.update(rest or outside or stuck)
-    lines = [_rank_line(r, states.get(r), keys[r]) for r in stuck]
-    return Diagnosis("; ".join(phrases), lines, sorted(blamed), {r: states.get(r) for r in stuck})
+    phrases = [f"{_ranks(rs)} waiting in {call}" for call, rs in calls.items()]
+    return phrases, set(), {r for rs in calls.values() for r in rs}

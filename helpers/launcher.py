@@ -37,7 +37,8 @@ What it guarantees (the README gives the measured figures):
 Where it lives: this module is the public face (the plan, the errors, :func:`launch`);
 :mod:`helpers.pool` keeps the kernel's worker processes (start, reuse, interrupts, teardown, the
 private folder); :mod:`helpers.collect` reads a job back from the ranks; :mod:`helpers.worker` is
-the rank side; :mod:`helpers.hang` diagnoses a timeout; :mod:`helpers.traces` merges traces.
+the rank side; :mod:`helpers.protocol` defines the messages between them; :mod:`helpers.hang`
+diagnoses a timeout; :mod:`helpers.traces` merges traces.
 """
 from __future__ import annotations
 
@@ -55,6 +56,7 @@ from .pool import Interrupts
 from .pool import kernel_dir as kernel_dir  # public here too: notebooks import them from launcher
 from .pool import live_worker_pids as live_worker_pids
 from .pool import shutdown as shutdown
+from .protocol import Job
 from .validate import integer_at_least, positive_number
 
 BACKENDS = ("gloo", "nccl")
@@ -290,31 +292,28 @@ def _launch(payload: bytes, plan: RankPlan, timeout: float, record: bool, thread
     t_begin = time.monotonic()
     # starting processes gets its own allowance: the first launch imports torch in each worker
     pool, started = kernel_pool.get_pool(plan.device_type, plan.world_size, threads, t_begin + 120.0, guard)
-    job_id = pool.next_job
-    pool.next_job += 1
+    job_id = pool.new_job_id()
     trace_dir = None
     if profile is not False:
         trace_dir = os.path.join(pool.folder, f"trace-job{job_id}") if profile is True else os.fspath(profile)
         os.makedirs(trace_dir, exist_ok=True)
-    opts = {"backend": plan.backend, "world_size": plan.world_size, "timeout": timeout, "record": record,
-            "collective_timeout": timeout + _COLLECTIVE_MARGIN, "lazy_connect": lazy_connect(plan),
-            "profile_dir": trace_dir}
+    pool.start_job(Job(job_id, payload, plan.backend, plan.world_size, record,
+                       collective_timeout=timeout + _COLLECTIVE_MARGIN, lazy_connect=lazy_connect(plan),
+                       profile_dir=trace_dir))
     n = plan.world_size
-    for c in pool.conns[:n]:
-        c.send(("job", job_id, payload, opts))  # every receiver is idle, so this cannot block for long
-    pool.busy.update(range(n))
     outputs = {r: [] for r in range(n)}
     try:
         done, errors, states = collect(pool, n, job_id, time.monotonic() + timeout, outputs)
     finally:
         print_outputs(outputs)
     texts = {r: "".join(t for s, t in outputs[r] if s == "stdout") for r in outputs}
-    if errors and len(errors) == n and all(e[2] == "unpickle" for e in errors.values()):
+    if errors and len(errors) == n and all(e.stage == "unpickle" for e in errors.values()):
         # nothing started on any rank: the workers are idle again and stay
-        err = RankError(0, errors[0][0], errors[0][1], {r: e[0] for r, e in errors.items() if r != 0})
+        others = {r: e.summary for r, e in errors.items() if r != 0}
+        err = RankError(0, errors[0].summary, errors[0].traceback, others)
         err.workers_kept = True
         raise err
-    if errors and not done and attempt == 0 and all(e[2] == "init" for e in errors.values()):
+    if errors and not done and attempt == 0 and all(e.stage == "init" for e in errors.values()):
         # gloo failed to connect the ranks before any of them ran the function (seen on a loaded
         # machine with fresh workers: "connectFullMesh ... Connection closed by peer"); when every
         # other rank is still starting its process group, nothing ran: try once more, fresh
@@ -322,34 +321,33 @@ def _launch(payload: bytes, plan: RankPlan, timeout: float, record: bool, thread
         states = ask_status(pool, others, job_id, outputs)
         if all(states.get(r, {}).get("phase") == "starting the process group" for r in others):
             first = min(errors)
-            print(f"(rank {first} could not connect to its peers ({errors[first][0].splitlines()[0][:120]}); "
+            print(f"(rank {first} could not connect to its peers ({errors[first].summary.splitlines()[0][:120]}); "
                   "starting fresh workers and running the job again)", file=sys.stderr)
             with guard.held():
                 kernel_pool.discard_pool()
             return _launch(payload, plan, timeout, record, threads, profile, guard, attempt=1)
     if errors:
-        first = min(errors, key=lambda r: (_is_secondary(errors[r][0]), r))
-        others = {r: e[0] for r, e in errors.items() if r != first}
-        raise RankError(first, errors[first][0], errors[first][1], others)
+        first = min(errors, key=lambda r: (_is_secondary(errors[r].summary), r))
+        others = {r: e.summary for r, e in errors.items() if r != first}
+        raise RankError(first, errors[first].summary, errors[first].traceback, others)
     if len(done) < n:
         from .hang import diagnose
 
         stuck = sorted(set(range(n)) - set(done))
         raise LaunchTimeout(stuck, timeout, texts, diagnose(states, stuck, finished=done))
     results, comm, spans, times = [], [], [], []
-    t0 = min(meta["t_start"] for _, meta in done.values())
+    t0 = min(d.t_start for d in done.values())
     for r in range(n):
-        data, meta = done[r]
-        results.append(pickle.loads(data))
-        comm.append(meta["ops"])
-        spans.append(meta["spans"])
-        times.append((meta["t_start"] - t0, meta["t_end"] - t0))
+        results.append(pickle.loads(done[r].result))
+        comm.append(done[r].ops)
+        spans.append(done[r].spans)
+        times.append((done[r].t_start - t0, done[r].t_end - t0))
     trace_path = None
     if trace_dir is not None:
         from .traces import merge_rank_traces
 
         trace_path = os.path.join(trace_dir, "trace.json")
-        merge_rank_traces({r: done[r][1]["trace"] for r in range(n)}, trace_path)
+        merge_rank_traces({r: done[r].trace for r in range(n)}, trace_path)
     return Run(plan, results, [texts[r] for r in range(n)], comm, spans, time.monotonic() - t_begin, started, times,
                trace_path)
 

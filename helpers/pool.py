@@ -34,6 +34,8 @@ import time
 from contextlib import contextmanager
 from multiprocessing.connection import wait as _wait_conns
 
+from .procfs import process_ended, start_ticks
+from .protocol import Idle, Job, Ready
 from .torch_private import DYNAMO_MODULE
 
 _IDLE_WAIT = 10.0  # seconds a launch waits for the workers to finish tearing down the last job
@@ -43,24 +45,6 @@ _DIR_PREFIX = "helpers-launcher-"
 # ---- the kernel's private folder -----------------------------------------------------------------
 
 _KERNEL_DIR: str | None = None
-
-
-def _start_ticks(pid: int) -> str | None:
-    """When process ``pid`` started (clock ticks since boot; Linux), None when it is gone or a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-    except FileNotFoundError:
-        return None
-    except OSError:  # no /proc: a live pid is all we can tell
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return None
-        except OSError:
-            pass
-        return "0"
-    return None if fields[0] in (b"Z", b"X") else fields[19].decode()
 
 
 def _sweep_stale_dirs():
@@ -80,7 +64,7 @@ def _sweep_stale_dirs():
                 continue
         except OSError:
             continue
-        if _start_ticks(int(pid)) not in (start, "0"):
+        if start_ticks(int(pid)) not in (start, "0"):
             shutil.rmtree(path, ignore_errors=True)
 
 
@@ -94,7 +78,7 @@ def kernel_dir() -> str:
     if _KERNEL_DIR is None or not os.path.isdir(_KERNEL_DIR):
         from multiprocessing import util
 
-        path = os.path.join(tempfile.gettempdir(), f"{_DIR_PREFIX}{os.getpid()}-{_start_ticks(os.getpid()) or 0}")
+        path = os.path.join(tempfile.gettempdir(), f"{_DIR_PREFIX}{os.getpid()}-{start_ticks(os.getpid()) or 0}")
         os.makedirs(path, mode=0o700, exist_ok=True)
         if _KERNEL_DIR is None:  # removed after multiprocessing's own exit work, as it removes pymp-*
             util.Finalize(None, shutil.rmtree, args=(path, True), exitpriority=-100)
@@ -182,8 +166,8 @@ class Pool:
         self.procs: list = []
         self.conns: list = []
         self.child_ends: list = []
-        self.busy: set[int] = set()  # ranks that have not yet reported "idle" after their last job
-        self.next_job = 0
+        self.busy: set[int] = set()  # ranks that have not yet reported Idle after their last job
+        self.next_job = 0  # the id start_job gives the next job
         _sweep_stale_dirs()  # folders of kernels killed since this one started
         self.folder = kernel_dir()
         # the store listens on a socket bound to 127.0.0.1 only (given a port, TCPStore binds every
@@ -241,8 +225,32 @@ class Pool:
                     f"worker process for rank {rank} exited during start-up (exit code {self.procs[rank].exitcode}); "
                     "in a script, call launch() only under `if __name__ == '__main__':`"
                 ) from None
-            if msg[0] != "ready":  # pragma: no cover - protocol error
-                raise RuntimeError(f"worker process for rank {rank} sent {msg[0]!r} instead of 'ready'")
+            if not isinstance(msg, Ready):  # pragma: no cover - protocol error
+                raise RuntimeError(f"worker process for rank {rank} sent {msg!r} instead of Ready")
+
+    def start_job(self, job: Job):
+        """Hand ``job`` to ranks ``0..job.world_size-1`` (each idle) and mark them busy."""
+        for c in self.conns[:job.world_size]:
+            c.send(job)  # every receiver is idle, so this cannot block for long
+        self.busy.update(range(job.world_size))
+
+    def new_job_id(self) -> int:
+        """A job id not used before by this pool (the ranks' store prefix is ``job<id>/``)."""
+        job_id, self.next_job = self.next_job, self.next_job + 1
+        return job_id
+
+    def mark_idle(self, rank: int):
+        """Rank ``rank`` said Idle: its process group is torn down, it may take the next job."""
+        self.busy.discard(rank)
+
+    def send(self, rank: int, msg):
+        """Send one message to rank ``rank``'s worker (OSError when its pipe is closed)."""
+        self.conns[rank].send(msg)
+
+    def exit_code(self, rank: int, wait: float) -> int | None:
+        """Rank ``rank``'s exit code, after waiting up to ``wait`` s for it to end (None: still running)."""
+        self.procs[rank].join(timeout=wait)
+        return self.procs[rank].exitcode
 
     def wait_idle(self, ranks, limit: float) -> bool:
         """Wait up to ``limit`` s for the given ranks to finish tearing down their last job."""
@@ -257,8 +265,8 @@ class Pool:
                     msg = c.recv()
                 except (EOFError, OSError):
                     return False
-                if msg[0] == "idle":
-                    self.busy.discard(waiting[c])  # anything else is a late message: dropped
+                if isinstance(msg, Idle):
+                    self.mark_idle(waiting[c])  # anything else is a late message: dropped
         return True
 
     def alive(self) -> bool:
@@ -271,8 +279,6 @@ class Pool:
                 c.close()
             except Exception:
                 pass
-        from .worker import process_ended
-
         started = [p for p in self.procs if p.pid is not None]
         for p in started:
             try:

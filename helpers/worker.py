@@ -2,9 +2,10 @@
 
 Serves every notebook that runs ``torch.distributed`` (P.5 onwards). The parent
 (:mod:`helpers.launcher`, through :mod:`helpers.pool`) starts these processes once per kernel and
-keeps them; :mod:`helpers.collect` reads their messages. Each job gets a fresh process group on a
-fresh store prefix, so a repeated launch costs an ``init_process_group`` and not a fresh
-``import torch``.
+keeps them; :mod:`helpers.collect` reads their messages (:mod:`helpers.protocol` defines them:
+a ``Job`` comes in; ``Output``, then ``Done`` or ``Failed``, then ``Idle`` go out). Each job gets
+a fresh process group on a fresh store prefix, so a repeated launch costs an
+``init_process_group`` and not a fresh ``import torch``.
 
 Functions defined in a notebook live in ``__main__`` of the kernel, which a child cannot import.
 The parent pickles them by value with cloudpickle and this module unpickles them: that is the
@@ -12,7 +13,7 @@ trampoline. Functions from importable modules are pickled by reference as usual.
 
 Beside the job, a small thread per worker (:func:`_listen`) is its lifeline: it ends the process
 as soon as the parent's end of the pipe closes (the kernel died, even if it is an unreaped
-zombie, or the launcher dropped the worker), and it answers the launcher's ``status`` question
+zombie, or the launcher dropped the worker), and it answers the launcher's ``StatusQuery``
 while the main thread is blocked in a collective: the phase, the ``torch.distributed`` call and
 the line the main thread is at, and the communication log's last call and counts
 (:mod:`helpers.hang` turns the answers into a diagnosis). Every socket gloo opens binds the
@@ -38,6 +39,9 @@ import threading
 import time
 import traceback
 from datetime import timedelta
+
+from .procfs import process_ended
+from .protocol import Done, Failed, Idle, Job, Output, Ready, Status, StatusQuery
 
 _DEVICE_TYPE = "cpu"
 _LOCAL_RANK = 0
@@ -86,24 +90,8 @@ class _Forward(io.TextIOBase):
 
     def write(self, text):
         if text:
-            self._send(("out", self._job, self._stream, text))
+            self._send(Output(self._job, self._stream, text))
         return len(text)
-
-
-def process_ended(pid: int) -> bool:
-    """True when process ``pid`` has ended, also while it is an unreaped zombie (Linux's /proc;
-    elsewhere only a reaped process counts as ended)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
-    except FileNotFoundError:
-        return True
-    except OSError:  # no /proc (not Linux): signal 0 at least sees a reaped process
-        try:
-            os.kill(pid, 0)
-        except OSError:
-            return True
-        return False
 
 
 # What this worker is doing, for the parent's hang diagnosis (read by the listener thread).
@@ -182,7 +170,7 @@ def _listen(conn, jobs, send, parent_pid: int):
     * End this process at once when the parent's end of the pipe closes: the kernel died (even
       if it is now an unreaped zombie) or the launcher dropped this worker. A 1 s check of the
       parent's state covers a pipe end inherited by some other process of the kernel.
-    * Answer the launcher's ``status`` question while the main thread is busy or stuck.
+    * Answer the launcher's ``StatusQuery`` while the main thread is busy or stuck.
     * Hand jobs to the main thread.
     """
     while True:
@@ -194,13 +182,13 @@ def _listen(conn, jobs, send, parent_pid: int):
             msg = conn.recv()
         except (EOFError, OSError):
             os._exit(3)
-        if msg[0] == "status":
+        if isinstance(msg, StatusQuery):
             try:  # never let a diagnosis end the lifeline
-                send(("status", msg[1], _status()))
+                send(Status(msg.job_id, _status()))
             except OSError:
                 os._exit(3)
             except Exception as exc:
-                send(("status", msg[1], {"phase": _STATE["phase"], "error": repr(exc)}))
+                send(Status(msg.job_id, {"phase": _STATE["phase"], "error": repr(exc)}))
         else:
             jobs.put(msg)
 
@@ -212,37 +200,36 @@ def process_group_backend(backend: str) -> str:
     return "cpu:gloo,cuda:nccl" if backend == "nccl" else backend
 
 
-def _run_job(send, rank, job_id, payload, opts, store):
+def _run_job(send, rank, job: Job, store):
     """Run one job; True when this process may serve the next one."""
     import cloudpickle
     import torch.distributed as dist
 
     from .commlog import CommLog
 
-    _STATE.update(phase="unpickling", job=job_id)
+    _STATE.update(phase="unpickling", job=job.job_id)
     try:
-        fn, args, kwargs = cloudpickle.loads(payload)
+        fn, args, kwargs = cloudpickle.loads(job.payload)
     except BaseException as exc:  # nothing started yet: report it and stay reusable
-        send(("error", job_id, f"{type(exc).__name__}: {exc} (while unpickling the function or its arguments)",
-              traceback.format_exc(), "unpickle"))
+        send(Failed(job.job_id, f"{type(exc).__name__}: {exc} (while unpickling the function or its arguments)",
+                    traceback.format_exc(), "unpickle"))
         return True
     old_out, old_err = sys.stdout, sys.stderr
-    sys.stdout = _Forward(send, job_id, "stdout")
-    sys.stderr = _Forward(send, job_id, "stderr")
-    profile_dir = opts.get("profile_dir")
-    log = CommLog(record_comm=opts["record"], profiling=bool(profile_dir))
+    sys.stdout = _Forward(send, job.job_id, "stdout")
+    sys.stderr = _Forward(send, job.job_id, "stderr")
+    log = CommLog(record_comm=job.record, profiling=bool(job.profile_dir))
     # gloo connects a group's pairs when the group is created, or on first use when this is "1";
     # read at each process group's creation (see launcher.lazy_connect)
-    os.environ["TORCH_GLOO_LAZY_INIT"] = "1" if opts.get("lazy_connect") else "0"
+    os.environ["TORCH_GLOO_LAZY_INIT"] = "1" if job.lazy_connect else "0"
     try:
         _STATE["phase"] = "starting the process group"
-        job_store = dist.PrefixStore(f"job{job_id}/", store)
+        job_store = dist.PrefixStore(f"job{job.job_id}/", store)
         dist.init_process_group(
-            process_group_backend(opts["backend"]),
+            process_group_backend(job.backend),
             store=job_store,
             rank=rank,
-            world_size=opts["world_size"],
-            timeout=timedelta(seconds=opts["collective_timeout"]),
+            world_size=job.world_size,
+            timeout=timedelta(seconds=job.collective_timeout),
         )
         # Every rank has its process group before any runs the function. gloo connects the full
         # mesh in init_process_group, and one side of a pair can be done before the other: without
@@ -251,24 +238,24 @@ def _run_job(send, rank, job_id, payload, opts, store):
         # by peer", 1 launch in 6 of 8 fresh ranks under load). Through the store, not a
         # collective: the same on gloo and NCCL, and nothing in the communication log.
         job_store.set(f"started/{rank}", "1")
-        job_store.wait([f"started/{r}" for r in range(opts["world_size"])])
+        job_store.wait([f"started/{r}" for r in range(job.world_size)])
         _STATE["phase"] = "running"
         log.t0 = time.perf_counter()
         start = time.perf_counter()
         with log:
-            if profile_dir:
-                result, trace = _profiled(fn, args, kwargs, profile_dir, rank)
+            if job.profile_dir:
+                result, trace = _profiled(fn, args, kwargs, job.profile_dir, rank)
             else:
                 result, trace = fn(*args, **kwargs), None
-        meta = {"ops": log.ops, "spans": log.spans, "t_start": start, "t_end": time.perf_counter(), "trace": trace}
+        end = time.perf_counter()
         data = pickle.dumps(to_cpu(result), protocol=pickle.HIGHEST_PROTOCOL)
         _STATE["phase"] = "finished"
-        send(("done", job_id, data, meta))
+        send(Done(job.job_id, data, log.ops, log.spans, t_start=start, t_end=end, trace=trace))
     except BaseException as exc:  # the parent decides what to do; this rank reports
         tb = traceback.format_exc()
         stage = "init" if _STATE["phase"] == "starting the process group" else "run"
         _STATE["phase"] = "failed"
-        send(("error", job_id, f"{type(exc).__name__}: {exc}", tb, stage))
+        send(Failed(job.job_id, f"{type(exc).__name__}: {exc}", tb, stage))
         return False
     finally:
         sys.stdout, sys.stderr = old_out, old_err
@@ -356,15 +343,14 @@ def main(conn, rank: int, device_type: str, parent_pid: int, store_port: int, th
     store = dist.TCPStore("127.0.0.1", store_port, is_master=False, timeout=timedelta(seconds=60))
     _STATE["phase"] = "idle"
     try:
-        send(("ready", os.getpid()))
+        send(Ready(os.getpid()))
         while True:
-            msg = jobs.get()
-            _, job_id, payload, opts = msg
-            if not _run_job(send, rank, job_id, payload, opts, store):
+            job = jobs.get()
+            if not _run_job(send, rank, job, store):
                 # a failed job can leave a collective half-done: this process is not reused
                 _STATE["phase"] = "failed"
                 return
             _STATE.update(phase="idle", job=None)
-            send(("idle", job_id))  # torn down and listening: the parent may send the next job
+            send(Idle(job.job_id))  # torn down and listening: the parent may send the next job
     except OSError:  # the parent closed the pipe while we wrote to it: it is ending this worker
         os._exit(3)

@@ -3,14 +3,18 @@
 import os
 import tempfile
 import time
+from pathlib import Path
 
 import jupyter_client
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_a_kernel_with_workers_exits_on_its_own_and_removes_its_launcher_folder(tmp_path):
     km = jupyter_client.KernelManager(kernel_name="python3")
     km.shutdown_wait_time = 60  # room to exit on its own: a kill would show in the exit code
-    km.start_kernel(cwd=str(tmp_path), env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    # this checkout's helpers, in the kernel and in the workers its forkserver starts
+    km.start_kernel(cwd=str(tmp_path), env=dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT)))
     kc = km.client()
     kc.start_channels()
     try:

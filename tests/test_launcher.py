@@ -1,12 +1,18 @@
 """The launcher: backend choice, notebook functions, output, failures, hangs, no orphans."""
 import os
+import pickle
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from helpers import launcher
 from helpers import pool as kernel_pool
 from helpers.launcher import LaunchTimeout, RankError, launch, plan_ranks
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # ---- backend and device selection, with the GPU count faked --------------------------------
 
@@ -52,6 +58,45 @@ def test_bad_input_is_rejected_with_the_constraint(kwargs, match):
 def test_only_large_gloo_jobs_connect_lazily():
     assert [launcher.lazy_connect(plan_ranks(n, gpus=0)) for n in (2, 4, 8, 16)] == [False, False, False, True]
     assert not launcher.lazy_connect(plan_ranks(16, gpus=16))  # NCCL: not a gloo setting
+
+
+# ---- the messages between kernel and ranks, and /proc ------------------------------------------
+
+def test_every_message_crosses_a_pipe_by_pickle_unchanged():
+    from helpers import protocol as p
+
+    messages = [
+        p.Job(3, b"payload", "gloo", 4, True, collective_timeout=35.0, lazy_connect=False, profile_dir=None),
+        p.StatusQuery(3), p.Ready(1234), p.Output(3, "stdout", "hello\n"),
+        p.Done(3, b"result", [], [], t_start=1.0, t_end=2.0, trace=("rank0.json", 5.0)),
+        p.Failed(3, "ValueError: boom", "Traceback ...", "run"), p.Idle(3), p.Status(3, {"phase": "running"}),
+    ]
+    assert [pickle.loads(pickle.dumps(m)) for m in messages] == messages
+    assert all(type(m).__module__ == "helpers.protocol" and type(m).__doc__ for m in messages)
+
+
+def test_the_kernel_side_imports_neither_torch_nor_the_rank_code():
+    code = ("import sys\n"
+            "from helpers import collect, hang, pool, procfs, protocol\n"
+            "print(sorted(m for m in ('torch', 'helpers.worker') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads Linux's /proc")
+def test_proc_stat_tells_a_live_process_from_a_zombie_and_a_reaped_one():
+    from helpers.procfs import process_ended, start_ticks
+
+    assert not process_ended(os.getpid()) and start_ticks(os.getpid()) not in (None, "")
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 30
+    while start_ticks(child.pid) is not None and time.monotonic() < deadline:  # exited, not yet reaped
+        time.sleep(0.01)
+    assert os.path.exists(f"/proc/{child.pid}"), "a zombie until reaped"
+    assert process_ended(child.pid) and start_ticks(child.pid) is None
+    child.wait()
+    assert process_ended(child.pid) and start_ticks(child.pid) is None
 
 
 def _lazy_setting():
@@ -334,14 +379,13 @@ if __name__ == "__main__":
 
 
 def test_two_kernels_launching_at_once_do_not_collide(tmp_path):
-    import subprocess
-    import sys
-
     procs = []
+    env = dict(os.environ, PYTHONPATH=str(ROOT))  # this checkout's helpers, in the kernels and their workers
     for k in (1, 2):
         script = tmp_path / f"kernel{k}.py"
         script.write_text(TWO_KERNELS.replace("{k}", str(k)))
-        procs.append(subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        procs.append(subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True, env=env))
     outs = [p.communicate(timeout=120) for p in procs]
     for k, (p, (out, err)) in zip((1, 2), zip(procs, outs)):
         assert p.returncode == 0 and f"ok {k}" in out, err[-2000:]
