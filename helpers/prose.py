@@ -14,8 +14,8 @@ test_prose_numbers.py`` fails naming it:
 
       <!-- figures: 470 ms = book P.6-4; 50 ms = input; 2 bytes = fact data/hardware.json -->
 
-  - ``book ID``: the chapter's figure, quoted; ``ID`` is a row of this notebook's ledger
-    (``data/claims/<stem>.csv``) whose claim or book value holds the same figure;
+  - ``book ID``: the chapter's figure, quoted; ``ID`` is a row of the ledger (``data/claims/``,
+    usually this notebook's own) whose claim or book value holds the same figure;
   - ``input``: a value the notebook chose (a sleep, a message size); a code cell of the notebook
     holds it as a literal (``0.05`` or ``50`` for ``50 ms``);
   - ``fact SOURCE``: a figure about the world that is not the chapter's (a datasheet's peak, a
@@ -43,6 +43,7 @@ UNITS = {
     "%": ("percent", 1), "percent": ("percent", 1),
     "x": ("ratio", 1), "×": ("ratio", 1), "times": ("ratio", 1),
     "bytes": ("bytes", 1), "byte": ("bytes", 1),  # not "B": "70 B" is as often 70 billion parameters
+    "B/param": ("bytes", 1), "B/parameter": ("bytes", 1),
     "KB": ("bytes", 1e3), "kB": ("bytes", 1e3), "MB": ("bytes", 1e6), "GB": ("bytes", 1e9), "TB": ("bytes", 1e12),
     "PB": ("bytes", 1e15), "KiB": ("bytes", 2**10), "MiB": ("bytes", 2**20), "GiB": ("bytes", 2**30),
     "TiB": ("bytes", 2**40),
@@ -65,8 +66,8 @@ ATTACHED = {"%", "x", "×", "ms", "µs", "us", "ns", "GB", "MB", "KB", "TB", "Gi
 _UNIT = "|".join(sorted(map(re.escape, UNITS), key=len, reverse=True))
 _NUMBER = r"(\d{1,3}(?:,\d{3})+|\d+(?:\.\d+)?)(?:e([-+]?\d+))?"
 # a figure: digits (1,234 or 12.5 or 3e9), a unit, and not a dimension ("32 x 32") or part of a name;
-# "GB/GPU" and "GB per GPU" are figures in GB; "40-65%" is two figures
-_FIGURE = re.compile(r"(?<![\w.,/^_{])(?:" + _NUMBER + r"\s?[-–]\s?)?" + _NUMBER + r"(\s?)(" + _UNIT
+# "GB/GPU" and "GB per GPU" are figures in GB; "40-65%", "79.5 of 80 GB" and "1 to 16 MiB" are two figures
+_FIGURE = re.compile(r"(?<![\w.,/^_{])(?:" + _NUMBER + r"(?:[-–]|\s(?:of|to)\s))?" + _NUMBER + r"(\s?)(" + _UNIT
                      + r")(?!\w)(?!/(?!GPU|rank|device|step|token|param|micro))(?!\s?\d)")
 # "times" is a ratio only in a comparison ("17 times fewer"), not a count ("repeated 3 times")
 _COMPARISON = re.compile(r"\s+(more|fewer|less|larger|smaller|faster|slower|higher|lower|as|bigger|longer|shorter"
@@ -116,6 +117,7 @@ def _figure(text, digits, exp, unit) -> Figure:
 def figures(text: str) -> list[Figure]:
     """Every figure in ``text`` (inline code excluded: a name like ``bytes_sent`` is not a figure)."""
     text = re.sub(r"`[^`\n]*`", " ", text)
+    text = re.sub(r"\]\([^)\s]*\)", "]", text)  # a link's target is an address, not prose
     text = re.sub(r"\\text\{([^}]*)\}", r"\1", text).replace("\\,", " ").replace("\\%", "%").replace("$", " ")
     out = []
     for m in _FIGURE.finditer(text):
@@ -170,12 +172,13 @@ def marks(source: str) -> dict[str, tuple[str, str]]:
     return out
 
 
-def _ledger(stem: str) -> dict[str, str]:
-    path = CLAIMS / f"{stem}.csv"
-    if not path.exists():
-        return {}
-    with open(path, newline="") as f:
-        return {r["id"]: f"{r['claim']} {r['book_value']}" for r in csv.DictReader(f)}
+def _ledger() -> dict[str, str]:
+    """Every ledger row's claim and book value, by id (a notebook may quote another section's claim)."""
+    rows = {}
+    for path in sorted(CLAIMS.glob("*.csv")):
+        with open(path, newline="") as f:
+            rows.update({r["id"]: f"{r['claim']} {r['book_value']}" for r in csv.DictReader(f)})
+    return rows
 
 
 def _in_code(fig: Figure, code: str) -> bool:
@@ -186,9 +189,9 @@ def _in_code(fig: Figure, code: str) -> bool:
 def _check_mark(fig: Figure, kind: str, ref: str, stem: str, code: str) -> str | None:
     """None if the mark supports the figure, else why not."""
     if kind == "book":
-        row = _ledger(stem).get(ref)
+        row = _ledger().get(ref)
         if row is None:
-            return f"'{fig.text}' is marked as the chapter's figure {ref}, which is not a row of data/claims/{stem}.csv"
+            return f"'{fig.text}' is marked as the chapter's figure {ref}, which is not a row of the ledger (data/claims/)"
         if not any(fig.agrees(g) for g in figures(row)):
             return f"'{fig.text}' is marked as the chapter's figure {ref}, but that ledger row does not state it"
         return None

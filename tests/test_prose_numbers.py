@@ -65,7 +65,7 @@ def test_book_marks_are_checked_against_the_ledger(tmp_path, monkeypatch):
     wrong_row = prose.check(_notebook(tmp_path, ok.replace("P.6-4", "P.6-5")))
     assert len(wrong_row) == 1 and "does not state it" in wrong_row[0]
     missing = prose.check(_notebook(tmp_path, ok.replace("P.6-4", "P.6-9")))
-    assert len(missing) == 1 and "not a row of data/claims/nb.csv" in missing[0]
+    assert len(missing) == 1 and "not a row of the ledger" in missing[0]
 
 
 def test_input_and_fact_marks_are_checked(tmp_path):
