@@ -101,7 +101,8 @@ MUTATIONS = [
     M("dag-critical-priority", "helpers/dag.py", "return lambda n: (-lvl[n], rank[n])", "return lambda n: (lvl[n], rank[n])",
       "tests/test_dag.py -k critical", "critical-path priority inverted"),
     # ---- pipelines: the simulator and the ranks ------------------------------------------------
-    M("schedule-1f1b-warmup", "helpers/pipeline_schedule.py", "warm = min(p - d - 1, m)", "warm = min(p - d, m)",
+    M("schedule-1f1b-warmup", "helpers/pipeline_schedule.py", "warm = min(p - d - 1 if warm is None else warm, m)",
+      "warm = min(p - d if warm is None else warm, m)",
       "tests/test_pipeline_parallel.py -k on_ranks", "1F1B warm-up one forward too long (the ranks run the same order)"),
     M("schedule-interleaved-warmup", "helpers/pipeline_schedule.py", "warm = min((p - d - 1) * 2 + (v - 1) * p, total)",
       "warm = min((p - d - 1) * 2 + (v - 1) * p + 1, total)", "tests/test_pipeline_parallel.py -k 'on_ranks and interleaved'",

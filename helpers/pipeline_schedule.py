@@ -42,7 +42,7 @@ import numbers
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from .validate import integer_at_least
+from .validate import index_below, integer_at_least
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
 DEFINITIONS = ("total", "useful")
@@ -109,9 +109,17 @@ def op_orders(schedule: str, p: int, m: int, v: int = 1) -> list[list[tuple[str,
     return orders
 
 
-def _one_f_one_b(p: int, m: int, d: int, defer_w: int | None) -> list:
+def one_f_one_b(p: int, m: int, d: int, warm: int | None = None) -> list[tuple[str, int, int]]:
+    """Device ``d``'s 1F1B order (``op_orders("1f1b", p, m)[d]``); ``warm`` replaces its warm-up
+    length, ``p - d - 1`` forwards (:mod:`helpers.fake_step`'s step takes it as an argument)."""
+    check_schedule("1f1b", p, m)
+    index_below(d, "d (device)", p)
+    return _one_f_one_b(p, m, d, defer_w=None, warm=warm)
+
+
+def _one_f_one_b(p: int, m: int, d: int, defer_w: int | None, warm: int | None = None) -> list:
     """1F1B on device d; with ``defer_w`` = k the backward is split and up to k W's wait."""
-    warm = min(p - d - 1, m)
+    warm = min(p - d - 1 if warm is None else warm, m)
     order = [("F", 0, j) for j in range(warm)]
     nf, nb, nw = warm, 0, 0
 
