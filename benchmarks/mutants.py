@@ -248,8 +248,8 @@ MUTATIONS = [
       "trace_layers extrapolation lands one layer short: memory, collectives and FLOPs of L - 1 layers"),
     # fake step: ZeRO-1 reduce-scatters every micro-batch (ZeRO-2's traffic and memory)
     M("fake-step-zero1-sync-every-microbatch", "helpers/fake_step.py",
-      "        if zero in (0, 1):\n            stage.set_requires_gradient_sync(i == m - 1)",
-      "        if zero == 0:\n            stage.set_requires_gradient_sync(i == m - 1)", "tests/test_fake_world.py",
+      "        if self.zero in (0, 1):\n            stage.set_requires_gradient_sync(i == m - 1)",
+      "        if self.zero == 0:\n            stage.set_requires_gradient_sync(i == m - 1)", "tests/test_fake_world.py",
       "ZeRO-1 in PyTorch's code reduce-scatters per micro-batch: m times the gradient traffic of 12.4.1's ZeRO-1"),
     # fake step: ZeRO shards over DP only, not over the DP x CP ranks that hold the same weights
     M("fake-step-shard-over-dp-only", "helpers/fake_step.py",
