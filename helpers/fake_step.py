@@ -40,6 +40,7 @@ import threading
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -48,6 +49,9 @@ import torch.nn.functional as F
 from .llama_model import Stage, stage_layer_ids, tp_plan
 from .pipeline_parallel import run_schedule
 from .pipeline_schedule import one_f_one_b
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 MESH_DIMS = ("dp", "pp", "cp", "tp")
 CATEGORIES = ("parameters", "gradients", "optimizer", "activations", "temporaries", "other")
@@ -88,8 +92,8 @@ class StageParts:
     ends (:class:`_StageInput`), and ``opt``, the AdamW optimizer."""
 
     stage: Stage
-    mesh: object
-    dp_mesh: object
+    mesh: DeviceMesh
+    dp_mesh: DeviceMesh
     coords: dict
     layer_ids: list
     sp: bool
