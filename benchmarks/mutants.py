@@ -101,7 +101,8 @@ MUTATIONS = [
     M("dag-critical-priority", "helpers/dag.py", "return lambda n: (-lvl[n], rank[n])", "return lambda n: (lvl[n], rank[n])",
       "tests/test_dag.py -k critical", "critical-path priority inverted"),
     # ---- pipelines: the simulator and the ranks ------------------------------------------------
-    M("schedule-1f1b-warmup", "helpers/pipeline_schedule.py", "warm = min(p - d - 1, m)", "warm = min(p - d, m)",
+    M("schedule-1f1b-warmup", "helpers/pipeline_schedule.py", "warm = min(p - d - 1 if warm is None else warm, m)",
+      "warm = min(p - d if warm is None else warm, m)",
       "tests/test_pipeline_parallel.py -k on_ranks", "1F1B warm-up one forward too long (the ranks run the same order)"),
     M("schedule-interleaved-warmup", "helpers/pipeline_schedule.py", "warm = min((p - d - 1) * 2 + (v - 1) * p, total)",
       "warm = min((p - d - 1) * 2 + (v - 1) * p + 1, total)", "tests/test_pipeline_parallel.py -k 'on_ranks and interleaved'",
@@ -247,8 +248,8 @@ MUTATIONS = [
       "trace_layers extrapolation lands one layer short: memory, collectives and FLOPs of L - 1 layers"),
     # fake step: ZeRO-1 reduce-scatters every micro-batch (ZeRO-2's traffic and memory)
     M("fake-step-zero1-sync-every-microbatch", "helpers/fake_step.py",
-      "        if zero in (0, 1):\n            stage.set_requires_gradient_sync(i == m - 1)",
-      "        if zero == 0:\n            stage.set_requires_gradient_sync(i == m - 1)", "tests/test_fake_world.py",
+      "        if self.zero in (0, 1):\n            stage.set_requires_gradient_sync(i == m - 1)",
+      "        if self.zero == 0:\n            stage.set_requires_gradient_sync(i == m - 1)", "tests/test_fake_world.py",
       "ZeRO-1 in PyTorch's code reduce-scatters per micro-batch: m times the gradient traffic of 12.4.1's ZeRO-1"),
     # fake step: ZeRO shards over DP only, not over the DP x CP ranks that hold the same weights
     M("fake-step-shard-over-dp-only", "helpers/fake_step.py",

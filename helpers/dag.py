@@ -489,25 +489,11 @@ def embedding_job_worker(n_chunks: int = 100, embed_s: float = 0.01, merge_s: fl
         return embedding_task("index", index_s, {"merge": merged}, dim)
 
 
-# ---- drawing -----------------------------------------------------------------------------------
+# ---- drawing (in helpers.plots) --------------------------------------------------------------------
 
 def gantt(schedule: Schedule, ax=None, title: str | None = None, colors: dict | None = None):
-    """Draw a schedule as a Gantt chart: one row per worker, one bar per task, coloured by kind."""
-    import matplotlib.pyplot as plt
+    """Draw a schedule as a Gantt chart: one row per worker, one bar per task, coloured by kind
+    (:func:`kind`); drawn by :func:`helpers.plots.task_gantt`."""
+    from .plots import task_gantt
 
-    if ax is None:
-        _, ax = plt.subplots(figsize=(9, 0.6 + 0.35 * schedule.workers))
-    kinds = list(dict.fromkeys(kind(s.task) for s in schedule.slots))
-    colors = colors or {k: plt.cm.tab10(i % 10) for i, k in enumerate(kinds)}
-    for s in schedule.slots:
-        ax.barh(s.worker, s.duration, left=s.start, color=colors[kind(s.task)], edgecolor="k", linewidth=0.4)
-    from matplotlib.patches import Patch
-
-    ax.set_yticks(range(schedule.workers), [f"worker {w}" for w in range(schedule.workers)])
-    ax.invert_yaxis()
-    ax.set_xlabel("time")
-    ax.axvline(schedule.makespan, color="k", ls="--", lw=0.8)
-    ax.set_title(title or f"{schedule.workers} workers: makespan {schedule.makespan:g}")
-    ax.legend(handles=[Patch(facecolor=colors[k], edgecolor="k", label=k) for k in kinds],
-              loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
-    return ax
+    return task_gantt(schedule, kind, ax, title=title, colors=colors)

@@ -4,8 +4,8 @@
 Each :class:`Case` is one configuration of a section: a planner :class:`~helpers.planner.Model`,
 a :class:`~helpers.planner.Layout`, the cluster and global batch the planner needs, and how to
 trace it (:func:`helpers.fake_world.simulate` arguments). :func:`memory_rows` sets the planner's
-per-device memory beside what PyTorch's code holds at its peak; :func:`rerank` re-runs a ranking
-with the memory the fake world measured (12.4.1, 12.4.2).
+per-device memory beside what PyTorch's code holds at its peak; :func:`check_layouts` runs layouts of
+a plan's ranking on the fake world and says whether PyTorch's peak fits the device (12.4.1, 12.4.2).
 
 Two planner figures are shown: with the chapters' activation formula (Korthikanti et al.'s GPT-3
 inventory and Megatron's sequence parallelism) and with ``Rules(activation_model="pytorch")``:

@@ -3,10 +3,12 @@
 on real gloo ranks).
 
 :func:`build` turns a :class:`helpers.planner.Model` and :class:`~helpers.planner.Layout` into this
-rank's pipeline stage (:class:`helpers.llama_model.Stage`) parallelised on a 4-D ``DeviceMesh``
-(dims ``dp, pp, cp, tp``, outermost first: Llama 3's order, TP innermost), on the meta device;
-:func:`materialize` gives it (fake or real) storage and its AdamW optimizer; :func:`run_step` runs
-one step in 1F1B order; :func:`measured_step` does all three and measures the step. Which API stands for which ZeRO
+rank's :class:`StageParts`: its pipeline stage (:class:`helpers.llama_model.Stage`) parallelised on a
+4-D ``DeviceMesh`` (dims ``dp, pp, cp, tp``, outermost first: Llama 3's order, TP innermost), on
+the meta device; :meth:`StageParts.materialize` gives it (fake or real) storage and its AdamW
+optimizer; :func:`run_step` runs one step in 1F1B order (the order of
+:func:`helpers.pipeline_schedule.one_f_one_b`, run by :func:`helpers.pipeline_parallel.run_schedule`);
+:func:`measured_step` does all three and measures the step. Which API stands for which ZeRO
 stage (``Layout.zero``), each with BF16 compute and FP32 master state
 (``MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)``), AdamW:
 
@@ -37,13 +39,20 @@ from __future__ import annotations
 import threading
 import time
 from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
 from .llama_model import Stage, stage_layer_ids, tp_plan
+from .pipeline_parallel import run_schedule
+from .pipeline_schedule import one_f_one_b
 from .torch_private import FUNCTIONAL_NAMESPACE, flatten_mesh, restart_peak, swap_propagation_lock
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 MESH_DIMS = ("dp", "pp", "cp", "tp")
 CATEGORIES = ("parameters", "gradients", "optimizer", "activations", "temporaries", "other")
@@ -70,12 +79,63 @@ def make_mesh(layout, device: str = "cpu") -> tuple:
     return mesh, (flatten_mesh(mesh["dp", "cp"], "dp_cp") if layout.cp > 1 else mesh["dp"])
 
 
-def build(model, layout, stages: list, *, dropout: bool = False, reduce_dtype: str = "float32", meshes=None):
+@dataclass
+class StageParts:
+    """This rank's part of the job, made by :func:`build` and given storage by :meth:`materialize`.
+
+    ``stage``: the parallelised :class:`helpers.llama_model.Stage` (on the meta device until
+    :meth:`materialize`); ``mesh``: the 4-D ``DeviceMesh`` (dp, pp, cp, tp); ``dp_mesh``: the mesh
+    FSDP shards over (dp, or dp x cp flattened); ``coords``: this rank's coordinate on each mesh
+    dim; ``layer_ids``: the model's layers this stage holds; ``sp``: sequence parallelism on (the
+    activations handed between stages are split along the sequence over TP); ``prev`` / ``next``:
+    the rank of the same (dp, cp, tp) in the previous / next stage, None on the first / last.
+    Set by :meth:`materialize`: ``anchor``, the scalar where every received activation's graph
+    ends (:class:`_StageInput`), and ``opt``, the AdamW optimizer."""
+
+    stage: Stage
+    mesh: DeviceMesh
+    dp_mesh: DeviceMesh
+    coords: dict
+    layer_ids: list
+    sp: bool
+    prev: int | None
+    next: int | None
+    anchor: torch.Tensor | None = None
+    opt: torch.optim.Optimizer | None = None
+
+    @property
+    def first(self) -> bool:
+        return self.prev is None
+
+    @property
+    def last(self) -> bool:
+        return self.next is None
+
+    def materialize(self, init: bool) -> None:
+        """Give the stage's (sharded) parameters storage on the CPU (fake tensors under
+        ``FakeTensorMode``), initialise them if ``init`` (real runs), and create the AdamW
+        optimizer with its moments as a first step would (zero gradients), so the measured step is
+        a steady-state step."""
+        self.stage.to_empty(device="cpu")
+        params = list(self.stage.parameters())
+        if init:
+            with torch.no_grad():
+                for p in params:
+                    p.normal_(0.0, 0.02)
+        self.anchor = torch.zeros((), requires_grad=True)  # see _StageInput
+        self.opt = torch.optim.AdamW(params, lr=1e-4, foreach=False)
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+
+
+def build(model, layout, stages: list, *, dropout: bool = False, reduce_dtype: str = "float32",
+          meshes=None) -> StageParts:
     """This rank's stage on the meta device, parallelised (TP, activation checkpointing when
     ``layout.recompute == "full"``, then FSDP/replicate per block and for the stage). Call inside
     the process group (fake or real), outside ``FakeTensorMode`` (the mesh reads its rank grid).
-    ``meshes``: :func:`make_mesh`'s, to reuse (a 16,384-rank mesh takes seconds to build).
-    Returns a dict with the module, mesh, coordinates, neighbours and stage info."""
+    ``meshes``: :func:`make_mesh`'s, to reuse (a 16,384-rank mesh takes seconds to build)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     rank = dist.get_rank()
@@ -111,28 +171,8 @@ def build(model, layout, stages: list, *, dropout: bool = False, reduce_dtype: s
         wrap(blk)
     wrap(stage)
     stride = layout.cp * layout.tp
-    return {"stage": stage, "mesh": mesh, "dp_mesh": dp_mesh, "coords": c, "first": first, "last": last, "layer_ids": ids,
-            "sp": sp, "prev": rank - stride if not first else None, "next": rank + stride if not last else None}
-
-
-def materialize(parts, init: bool):
-    """Give the stage's (sharded) parameters storage on the CPU (fake tensors under
-    ``FakeTensorMode``), initialise them if ``init`` (real runs), and create the AdamW optimizer
-    with its moments as a first step would (zero gradients), so the measured step is a
-    steady-state step."""
-    stage = parts["stage"]
-    stage.to_empty(device="cpu")
-    params = list(stage.parameters())
-    if init:
-        with torch.no_grad():
-            for p in params:
-                p.normal_(0.0, 0.02)
-    parts["anchor"] = torch.zeros((), requires_grad=True)  # see _StageInput
-    opt = parts["opt"] = torch.optim.AdamW(params, lr=1e-4, foreach=False)
-    for p in params:
-        p.grad = torch.zeros_like(p)
-    opt.step()
-    opt.zero_grad(set_to_none=True)
+    return StageParts(stage=stage, mesh=mesh, dp_mesh=dp_mesh, coords=c, layer_ids=ids, sp=sp,
+                      prev=None if first else rank - stride, next=None if last else rank + stride)
 
 
 def _exchange(sends=(), recvs=()):
@@ -165,92 +205,107 @@ class _StageInput(torch.autograd.Function):
         return None, None, None
 
 
-def run_step(model, layout, parts, m: int, *, on_boundary=None, warm: int | None = None):
-    """One training step of this rank: ``m`` micro-batches in 1F1B order (warm-up forwards, steady
-    forward/backward pairs, cool-down backwards, as Megatron's non-interleaved schedule), then the
-    optimizer step. ``on_boundary(kind, i)`` (optional) is called before each forward ('F', i)
-    and backward ('B', i) and at the end ('end', m): :mod:`helpers.fake_world` reads its counters
-    there. ``warm`` replaces the warm-up length (1F1B's is PP - stage - 1): the fake world traces
-    shorter warm-ups and extrapolates (the micro-batches in flight grow by one per warm-up step)."""
-    from contextlib import nullcontext
+class _StepOps:
+    """One training step's ops on this rank's stage, the steps of
+    :func:`helpers.pipeline_parallel.run_schedule`: the forward and backward of micro-batch i
+    (FSDP2's per-micro-batch switches set before each backward) and the point-to-point
+    hand-offs, each a batch of sends and receives waited for at once (:func:`_exchange`).
 
-    from torch.distributed.tensor.parallel import loss_parallel
+    ``held`` keeps the last activation received, activation sent, gradient received and gradient
+    sent, each until the next of its kind replaces it (the received activation until the last
+    forward), and until the step ends: the lifetimes of the hand-written 1F1B loop this replaced,
+    with which the fake world's figures were measured (MemTracker counts what is alive; releasing
+    one sooner could lower a phase's peak by an activation)."""
 
-    stage, first, last, prev, nxt = parts["stage"], parts["first"], parts["last"], parts["prev"], parts["next"]
-    c = parts["coords"]
-    s_local = model.seq_len // layout.cp
-    s_act = s_local // layout.tp if parts["sp"] else s_local
-    b, cp, zero = layout.micro_batch, layout.cp, layout.zero
-    chunk = model.seq_len // (2 * cp)
-    positions = (torch.cat([torch.arange(c["cp"] * chunk, (c["cp"] + 1) * chunk),
-                            torch.arange((2 * cp - 1 - c["cp"]) * chunk, (2 * cp - c["cp"]) * chunk)])
-                 if cp > 1 else torch.arange(s_local))
-    lp = loss_parallel if (layout.tp > 1 and model.vocab) else nullcontext
-    act = lambda: torch.empty(b, s_act, model.hidden, dtype=torch.bfloat16)
-    inputs, outputs, grads = {}, {}, []
-    mark = on_boundary or (lambda kind, i: None)
+    def __init__(self, model, layout, parts: StageParts, m: int, mark):
+        from torch.distributed.tensor.parallel import loss_parallel
 
-    def forward(i, x):
-        mark("F", i)
-        if first and model.vocab:
-            x = torch.randint(0, model.vocab, (b, s_local))
-        elif first:  # hidden states in, as from an embedding: they need a gradient too, or FSDP
+        c, cp = parts.coords, layout.cp
+        self.model, self.parts, self.m, self.mark, self.zero = model, parts, m, mark, layout.zero
+        self.b, self.s_local = layout.micro_batch, model.seq_len // cp
+        self.s_act = self.s_local // layout.tp if parts.sp else self.s_local
+        chunk = model.seq_len // (2 * cp)
+        self.positions = (torch.cat([torch.arange(c["cp"] * chunk, (c["cp"] + 1) * chunk),
+                                     torch.arange((2 * cp - 1 - c["cp"]) * chunk, (2 * cp - c["cp"]) * chunk)])
+                          if cp > 1 else torch.arange(self.s_local))
+        self.loss_context = loss_parallel if (layout.tp > 1 and model.vocab) else nullcontext
+        self.inputs, self.outputs, self.grads = {}, {}, []
+        self.held = dict.fromkeys(("F in", "F out", "B in", "B out"))
+
+    def p2p(self, sends, recvs):
+        """Allocate a buffer for each receive (none for the first stage's F or the last's B), then
+        send and receive in one batch: activations go to the next stage, gradients to the previous."""
+        p = self.parts
+        bufs = []
+        for kind, _, _ in recvs:
+            nothing = p.first if kind == "F" else p.last
+            bufs.append(None if nothing else torch.empty(self.b, self.s_act, self.model.hidden, dtype=torch.bfloat16))
+            self.held[kind + " in"] = bufs[-1]
+        _exchange(sends=[(t, p.next if kind == "F" else p.prev) for kind, _, _, t in sends],
+                  recvs=[(x, p.prev if kind == "F" else p.next) for (kind, _, _), x in zip(recvs, bufs) if x is not None])
+        return bufs
+
+    def forward(self, c: int, i: int, x):
+        """F of micro-batch i: the tokens (first stage) or the received activation through the
+        stage; the loss on the last stage, else the activation to send on."""
+        model, p = self.model, self.parts
+        self.mark("F", i)
+        if p.first and model.vocab:
+            x = torch.randint(0, model.vocab, (self.b, self.s_local))
+        elif p.first:  # hidden states in, as from an embedding: they need a gradient too, or FSDP
             # would reduce the first block's gradients only at the very end of backward
-            x = _StageInput.apply(torch.randn(b, s_act, model.hidden), parts["anchor"], [])
+            x = _StageInput.apply(torch.randn(self.b, self.s_act, model.hidden), p.anchor, [])
         else:
-            x = _StageInput.apply(x, parts["anchor"], grads)
-        inputs[i] = x
-        out = stage(x, positions)
-        if last:
-            with lp():
+            x = _StageInput.apply(x, p.anchor, self.grads)
+        self.inputs[i] = x
+        out = p.stage(x, self.positions)
+        if p.last:
+            with self.loss_context():
                 if model.vocab:
-                    labels = torch.randint(0, model.vocab, (b, s_local))
+                    labels = torch.randint(0, model.vocab, (self.b, self.s_local))
                     out = F.cross_entropy(out.flatten(0, 1).float(), labels.flatten())
                 else:
                     out = out.float().pow(2).mean()
-        outputs[i] = out
-        return None if last else out.detach()
+        self.outputs[i] = out
+        self.held["F out"] = y = None if p.last else out.detach()
+        if i == self.m - 1:
+            self.held["F in"] = None
+        return y
 
-    def backward(i, g):
-        mark("B", i)
+    def backward(self, c: int, i: int, g):
+        """B of micro-batch i from the received gradient ``g`` (the loss on the last stage); returns
+        the gradient of the stage's input, to send back (None on the first stage)."""
+        stage, m = self.parts.stage, self.m
+        self.mark("B", i)
         stage.set_is_last_backward(i == m - 1)
-        if zero in (1, 2):
+        if self.zero in (1, 2):
             stage.set_reshard_after_backward(i == m - 1)
-        if zero in (0, 1):
+        if self.zero in (0, 1):
             stage.set_requires_gradient_sync(i == m - 1)
-        out = outputs.pop(i)
-        if last:
-            with lp():
+        out = self.outputs.pop(i)
+        if self.parts.last:
+            with self.loss_context():
                 out.backward()
         else:
             torch.autograd.backward(out, grad_tensors=g)
-        inputs.pop(i)
-        return None if first else grads.pop()
+        self.inputs.pop(i)
+        self.held["B out"] = dx = None if self.parts.first else self.grads.pop()
+        return dx
 
-    warm = min(layout.pp - c["pp"] - 1 if warm is None else warm, m)
-    recv_x = lambda: None if first else act()
-    for i in range(warm):
-        x = recv_x()
-        _exchange(recvs=[(x, prev)] if x is not None else ())
-        y = forward(i, x)
-        _exchange(sends=[(y, nxt)] if y is not None else ())
-    x = recv_x()
-    if m > warm:
-        _exchange(recvs=[(x, prev)] if x is not None else ())
-    for j in range(m - warm):
-        y = forward(warm + j, x)
-        g = None if last else act()
-        _exchange(sends=[(y, nxt)] if y is not None else (), recvs=[(g, nxt)] if g is not None else ())
-        dx = backward(j, g)
-        x = recv_x() if j < m - warm - 1 else None
-        _exchange(sends=[(dx, prev)] if dx is not None else (), recvs=[(x, prev)] if x is not None else ())
-    for i in range(m - warm, m):
-        g = None if last else act()
-        _exchange(recvs=[(g, nxt)] if g is not None else ())
-        dx = backward(i, g)
-        _exchange(sends=[(dx, prev)] if dx is not None else ())
+
+def run_step(model, layout, parts: StageParts, m: int, *, on_boundary=None, warm: int | None = None):
+    """One training step of this rank: ``m`` micro-batches in 1F1B order (warm-up forwards, steady
+    forward/backward pairs, cool-down backwards, as Megatron's non-interleaved schedule), then the
+    optimizer step. ``on_boundary(kind, i)`` (optional) is called before each forward ('F', i)
+    and backward ('B', i), before the optimizer step ('opt', m) and at the end ('end', m):
+    :mod:`helpers.fake_world` reads its counters there. ``warm`` replaces the warm-up length
+    (1F1B's, min(PP - stage - 1, m)): the fake world passes the one of the real step's m
+    micro-batches, which its shortened traces (fewer steady iterations) keep whole."""
+    mark = on_boundary or (lambda kind, i: None)
+    ops = _StepOps(model, layout, parts, m, mark)  # held until the step ends (see its ``held``)
+    run_schedule(one_f_one_b(layout.pp, m, parts.coords["pp"], warm=warm), ops, paired=True)
     mark("opt", m)
-    parts["opt"].step()
+    parts.opt.step()
     mark("end", m)
 
 
@@ -261,8 +316,8 @@ def memtracker_class():
     with the one active when it was entered; under an outer ``FakeTensorMode`` the propagation runs
     in that same mode (``detect_fake_mode()`` returns it), and global-shape tensors, e.g. a whole
     unsharded copy of every parameter during a foreach optimizer step, are counted as memory. The
-    propagation runs inside ``ShardingPropagator._fake_mode_lock``; :func:`measuring` replaces that
-    lock by a counter this tracker checks.
+    propagation runs inside ``ShardingPropagator._fake_mode_lock``; :func:`measured_step` replaces
+    that lock by a counter this tracker checks.
     """
     from functools import partial
     from threading import get_ident
@@ -538,9 +593,9 @@ def measured_step(model, layout, stages, m: int, *, fake: bool, dropout: bool = 
 def _measure(model, layout, parts, m, *, init, boundaries, t0, warm):
     from .commlog import CommLog
 
-    materialize(parts, init)
+    parts.materialize(init)
     tracker = memtracker_class()()
-    tracker.track_external(parts["stage"], parts["opt"])
+    tracker.track_external(parts.stage, parts.opt)
     flops = flop_counter()
     marks, phases, current = [], {}, ["start"]
 
@@ -572,19 +627,19 @@ def _measure(model, layout, parts, m, *, init, boundaries, t0, warm):
     axes = _axes(parts)
     ops = [(o.op, o.bytes, o.group_size, axes.get(o.group, "?")) for o in log.ops]
     return {"peak": peak, "phases": phases, "held": held, "ops": ops,
-            "flops": flops.get_total_flops(), "marks": marks, "layers": len(parts["layer_ids"]),
-            "coords": parts["coords"], "wall_s": time.perf_counter() - t0}
+            "flops": flops.get_total_flops(), "marks": marks, "layers": len(parts.layer_ids),
+            "coords": parts.coords, "wall_s": time.perf_counter() - t0}
 
 
-def _axes(parts) -> dict:
+def _axes(parts: StageParts) -> dict:
     """Process-group name -> the mesh axis it spans (dp, pp, cp, tp, dp_cp; "pp" for the
     point-to-point sends of the pipeline, which use the default group)."""
-    mesh = parts["mesh"]
+    mesh = parts.mesh
     out = {dist.group.WORLD.group_name: "pp"}  # unless a mesh axis spans the whole world (and reuses it)
     for d in mesh.mesh_dim_names:
         if mesh.size(mesh.mesh_dim_names.index(d)) > 1 or mesh.get_group(d).group_name not in out:
             out[mesh.get_group(d).group_name] = d
-    out[parts["dp_mesh"].get_group().group_name] = parts["dp_mesh"].mesh_dim_names[0]
+    out[parts.dp_mesh.get_group().group_name] = parts.dp_mesh.mesh_dim_names[0]
     return out
 
 

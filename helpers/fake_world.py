@@ -241,9 +241,9 @@ def _warm(layout, stage_index, m):
 @dataclass(frozen=True)
 class TracePlan:
     """What :func:`simulate` will trace for one rank: its stage, the stage's layers, the layer
-    counts and 1F1B warm-up lengths traced, the steady 1F1B iterations traced (of ``micro_batches
-    - warm-up``), and the layer passes (forward or backward of one layer for one micro-batch) all
-    the traces cost together."""
+    counts traced, the 1F1B warm-up lengths traced (one: the stage's own, traced whole), the
+    steady 1F1B iterations traced (of ``micro_batches - warm-up``), and the layer passes (forward
+    or backward of one layer for one micro-batch) all the traces cost together."""
 
     stage: int
     layers: int
@@ -336,8 +336,9 @@ def _collinear(a, b, c) -> bool:
 
 def _run_plan(model, layout, stages, plan, dropout, reduce_dtype):
     """Run the traces of ``plan`` (in the current fake world) and extrapolate to the real stage:
-    every figure linearly in the layers, then linearly in the warm-up length (each warm-up
-    micro-batch adds one micro-batch in flight at the peak, and one forward and backward).
+    every figure linearly in the layers. Each trace runs the stage's whole 1F1B warm-up (the
+    plan's one warm-up length, :func:`plan_trace`) and the plan's steady iterations; the steady
+    iterations not traced are added by :func:`_one_trace`.
 
     An extrapolation is used only where the peak has stopped moving: three layer counts k, k+1,
     k+2 are traced and each phase's peak (forward, backward, optimizer step) must lie on a line in
@@ -442,6 +443,8 @@ def simulate(model: Model, layout: Layout, *, rank: int = 0, world_size: int | N
     if plan.steady < m - _warm(layout, plan.stage, m):
         notes.append(f"traced {plan.steady} of {m - _warm(layout, plan.stage, m)} steady 1F1B iterations; the others "
                      f"added from a measured one")
-    return FakeStep(model.name, layout.label(), world, rank, res["coords"], plan.layers, res["layer_counts"], m, max(mts),
-                    res["memory"], res["held"], res["comm"], res["flops"], time.perf_counter() - t0, notes,
-                    res["per_layer"], res["per_layer_comm"])
+    return FakeStep(model=model.name, layout=layout.label(), world_size=world, rank=rank, coords=res["coords"],
+                    stage_layers=plan.layers, layers_traced=res["layer_counts"], micro_batches=m,
+                    micro_batches_traced=max(mts), memory=res["memory"], held=res["held"], comm=res["comm"],
+                    flops=res["flops"], wall_s=time.perf_counter() - t0, notes=notes, per_layer=res["per_layer"],
+                    per_layer_comm=res["per_layer_comm"])

@@ -205,27 +205,12 @@ def measure_kernels(d: int = 4096, tokens: int = 256, elements: int = 2**25, cha
 def roofline_plot(peak_flops: float, bandwidth: float, points: dict | None = None, marks: dict | None = None,
                   ax=None, title: str = "roofline of this machine"):
     """Log-log roofline: min(peak, I * bandwidth) over intensity I, with measured ``points``
-    ({label: (intensity, FLOP/s)}) and vertical ``marks`` ({label: intensity})."""
-    import matplotlib.pyplot as plt
-    import numpy as np
+    ({label: (intensity, FLOP/s)}) and vertical ``marks`` ({label: intensity}); drawn by
+    :func:`helpers.plots.roofline`."""
+    from .plots import roofline
 
     _check_roofline(peak_flops=peak_flops, bandwidth=bandwidth)
-    if ax is None:
-        _, ax = plt.subplots(figsize=(7, 4))
-    xs = [i for i, _ in (points or {}).values()] + list((marks or {}).values()) + [ridge(peak_flops, bandwidth)]
-    lo, hi = min(xs + [0.05]) / 3, max(xs + [10]) * 3
-    I = np.logspace(math.log10(lo), math.log10(hi), 200)
-    ax.loglog(I, np.minimum(peak_flops, I * bandwidth), "k-", lw=2, label="roof: min(peak, I x bandwidth)")
-    ax.axvline(ridge(peak_flops, bandwidth), color="gray", ls=":", lw=1)
-    for j, (label, (i, f)) in enumerate((points or {}).items()):
-        ax.loglog([i], [f], "o", ms=8, color=plt.cm.tab10(j), label=f"{label} (measured)")
-    for j, (label, i) in enumerate((marks or {}).items()):
-        ax.axvline(i, color=plt.cm.Set2(j), ls="--", lw=1.5, label=label)
-    ax.set_xlabel("arithmetic intensity (FLOP / byte)")
-    ax.set_ylabel("FLOP/s")
-    ax.set_title(title)
-    ax.legend(fontsize=7, loc="lower right")
-    return ax
+    return roofline(peak_flops, bandwidth, ridge(peak_flops, bandwidth), points, marks, ax, title=title)
 
 
 # ---- on ranks: independent outputs spread out, a chain handed along -----------------------------

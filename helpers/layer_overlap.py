@@ -152,23 +152,10 @@ def prefetch_order(result) -> list[dict]:
 def prefetch_plot(result, ax=None, title: str = ""):
     """One rank's step of :func:`fsdp_prefetch_worker`: each layer's forward and backward
     compute as bars, and below them FSDP2's all-gathers (AG i) and reduce-scatters (RS i) at
-    the moment they were issued (12.1.2)."""
-    import matplotlib.pyplot as plt
+    the moment they were issued (12.1.2); drawn by :func:`helpers.plots.prefetch_timeline`."""
+    from .plots import prefetch_timeline
 
-    if ax is None:
-        _, ax = plt.subplots(figsize=(9, 2.2))
-    for (kind, i), (s, e) in result["compute"].items():
-        ax.barh(1, (e - s) * 1e3, left=s * 1e3, color=f"C{i}", edgecolor="k", alpha=0.5 if kind == "backward" else 1.0)
-        ax.text((s + e) / 2 * 1e3, 1, f"{kind[0].upper()}{i}", ha="center", va="center", fontsize=8)
-    for k, (op, layer, t) in enumerate(result["ops"]):
-        y = 0.35 if op == "all_gather" else -0.15
-        ax.plot([t * 1e3] * 2, [y - 0.15, y + 0.15], color=f"C{layer}" if layer is not None else "k")
-        ax.text(t * 1e3, y + 0.2 + 0.12 * (k % 2), f"{'AG' if op == 'all_gather' else 'RS'}{layer}", ha="center", fontsize=7)
-    ax.set_yticks([1, 0.35, -0.15], ["compute (F: forward, B: backward)", "all-gather issued", "reduce-scatter issued"], fontsize=8)
-    ax.set_ylim(-0.5, 1.6)
-    ax.set_xlabel("ms since the step began")
-    ax.set_title(title, fontsize=9)
-    return ax
+    return prefetch_timeline(result, ax, title=title)
 
 
 # ---- tensor parallelism: the all-reduce feeds the next layer (12.2.1) ------------------------------

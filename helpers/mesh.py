@@ -162,59 +162,13 @@ def draw(mesh: Mesh, devices_per_node: int, highlight: dict | None = None, ax=No
     """Draw the servers as boxes of devices, each labelled with its rank and coordinate.
 
     ``highlight`` maps a dimension name to a color and draws every group of that dimension as a
-    line through its members (TP groups inside a box, PP and DP groups across boxes).
+    line through its members (TP groups inside a box, PP and DP groups across boxes). Drawn by
+    :func:`helpers.plots.servers`.
     """
-    import matplotlib.pyplot as plt
+    from .plots import servers
 
     placement(mesh, devices_per_node)  # validates the fit
-    n_nodes = mesh.world // devices_per_node
-    if ax is None:
-        _, ax = plt.subplots(figsize=(1.6 * devices_per_node + (3 if highlight else 1), 1.25 * n_nodes + 0.6))
-    pos = {}
-    for r in range(mesh.world):
-        node, slot = divmod(r, devices_per_node)
-        pos[r] = (slot, -node)
-    for node in range(n_nodes):
-        ax.add_patch(plt.Rectangle((-0.45, -node - 0.42), devices_per_node - 0.1, 0.84, fill=False, lw=1.5, ec="0.35"))
-        ax.text(-0.6, -node, f"server {node}", ha="right", va="center", fontsize=9)
-    for k, (name, color) in enumerate((highlight or {}).items()):
-        off = 0.12 * (k - (len(highlight) - 1) / 2)
-        for gi, g in enumerate(mesh.groups(name)):
-            xs, ys = _group_path([pos[r] for r in g], off)
-            ax.plot(xs, ys, "-", color=color, lw=2.2, alpha=0.75, label=f"{name} groups" if gi == 0 else None)
-    for r, (x, y) in pos.items():
-        c = mesh.coord(r)
-        ax.add_patch(plt.Rectangle((x - 0.36, y - 0.3), 0.72, 0.6, fc="white", ec="0.2", zorder=3))
-        ax.text(x, y + 0.1, f"GPU {r}", ha="center", va="center", fontsize=8, weight="bold", zorder=4)
-        ax.text(x, y - 0.13, ",".join(f"{n}{i}" for n, i in c.items()), ha="center", va="center", fontsize=6.5, zorder=4)
-    ax.set_xlim(-1.9, devices_per_node + 0.2)
-    ax.set_ylim(-n_nodes + 0.4, 0.6)
-    ax.set_aspect("equal")
-    ax.axis("off")
-    if highlight:
-        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
-    shape = " x ".join(f"{n.upper()}{s}" for n, s in zip(mesh.names, mesh.sizes))
-    ax.set_title(title or f"{mesh.world} devices as {shape}, {devices_per_node} per server", fontsize=10)
-    return ax
-
-
-def _group_path(points, off):
-    """A polyline through a group's members; a hop that skips a server or a slot bows outwards
-    (a quadratic curve), so that it does not run through the devices in between."""
-    import numpy as np
-
-    xs, ys = [points[0][0] + off], [points[0][1] + off]
-    for (x0, y0), (x1, y1) in zip(points, points[1:]):
-        a, b = np.array([x0 + off, y0 + off]), np.array([x1 + off, y1 + off])
-        d = b - a
-        if abs(d[0]) > 1 or abs(d[1]) > 1:
-            ctrl = (a + b) / 2 + np.array([-d[1], d[0]]) * 0.5
-            t = np.linspace(0, 1, 24)[1:, None]
-            curve = (1 - t) ** 2 * a + 2 * (1 - t) * t * ctrl + t ** 2 * b
-            xs += list(curve[:, 0]); ys += list(curve[:, 1])
-        else:
-            xs.append(b[0]); ys.append(b[1])
-    return xs, ys
+    return servers(mesh, devices_per_node, highlight, ax, title=title)
 
 
 # ---- on the ranks ----------------------------------------------------------------------------------

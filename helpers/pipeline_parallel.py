@@ -2,7 +2,9 @@
 
 Rank ``d`` owns chunk ``c`` = virtual stage ``c*p + d`` (``v`` chunks per rank; v = 1 is the plain
 one-stage-per-rank pipeline). The ranks run exactly the per-device orders of
-:func:`helpers.pipeline_schedule.op_orders` (GPipe, 1F1B, interleaved 1F1B, ZB-H1):
+:func:`helpers.pipeline_schedule.op_orders` (GPipe, 1F1B, interleaved 1F1B, ZB-H1) with
+:func:`run_schedule`, the one executor of the workbook's pipelines (:mod:`helpers.three_d`'s and
+:mod:`helpers.fake_step`'s steps run on it too):
 
 * ``F``: receive the activation from the previous stage (``dist.recv``), run the chunk, send the
   output to the next stage (``dist.isend``, not waited for, so no two ranks can block each other);
@@ -135,6 +137,52 @@ def split_backward_linear(x, weight, bias, grad_out):
     return dx, dW, db
 
 
+# ---- the executor: one rank walks its order (here, helpers.three_d, helpers.fake_step) -------------
+
+# the neighbour each op receives its input from and sends its output to: activations flow to the
+# next stage, gradients back to the previous one
+_RECEIVES_FROM = {"F": "previous", "B": "next"}
+_SENDS_TO = {"F": "next", "B": "previous"}
+
+
+def run_schedule(order, steps, *, paired: bool = False) -> None:
+    """Run one rank's ``order`` (its list of :func:`helpers.pipeline_schedule.op_orders`) with the
+    caller's ``steps``: for each ``(kind, chunk, micro_batch)``, receive the op's input, run it,
+    send its output.
+
+    ``steps`` has ``forward(c, j, x)`` (returns the activation to send on, None on the last
+    stage), ``backward(c, j, g)`` (returns the input's gradient to send back, None on the first),
+    ``weight_grad(c, j)`` (W, for a split backward) and ``p2p(sends, recvs)``: ``sends`` lists
+    ``(kind, c, j, tensor)``, the outputs of ops, ``recvs`` lists ``(kind, c, j)``, the ops whose
+    inputs to receive; it returns one tensor per receive, None where the op receives nothing (the
+    first stage's F, the last stage's B).
+
+    ``paired=False``: an output is sent as soon as its op has run, an input received just before
+    its op. ``paired=True`` (Megatron's ``send_forward_recv_backward`` and
+    ``send_backward_recv_forward``): an output waits for the next op's receive when both go to the
+    same neighbour (an F's activation and the next B's gradient, a B's gradient and the next F's
+    activation), and the two travel in one ``p2p`` call, so that neighbours never wait on each
+    other's blocking send; otherwise it is sent alone first.
+    """
+    waiting = None  # paired: an output held back to travel with the next op's receive
+    for kind, c, j in order:
+        if waiting is not None and (kind == "W" or _SENDS_TO[waiting[0]] != _RECEIVES_FROM[kind]):
+            steps.p2p([waiting], [])
+            waiting = None
+        if kind == "W":
+            steps.weight_grad(c, j)
+            continue
+        (x,) = steps.p2p([waiting] if waiting is not None else [], [(kind, c, j)])
+        waiting = None
+        out = steps.forward(c, j, x) if kind == "F" else steps.backward(c, j, x)
+        if out is not None and paired:
+            waiting = (kind, c, j, out)
+        elif out is not None:
+            steps.p2p([(kind, c, j, out)], [])
+    if waiting is not None:
+        steps.p2p([waiting], [])
+
+
 # ---- the pipeline on the ranks --------------------------------------------------------------------
 
 def _tag(kind: int, vstage: int, mb: int, V: int, m: int) -> int:
@@ -142,54 +190,59 @@ def _tag(kind: int, vstage: int, mb: int, V: int, m: int) -> int:
 
 
 class _RankStages:
-    """This rank's chunks of the pipeline during one step: runs its F, B and W ops in order and
-    keeps each (chunk, micro-batch)'s activations alive from its F to its last backward op."""
+    """This rank's chunks of the pipeline during one step, the steps of :func:`run_schedule`: its
+    F, B and W ops and their sends and receives; keeps each (chunk, micro-batch)'s activations
+    alive from its F to its last backward op."""
 
     def __init__(self, rank, p, v, m, layers, ranges, X, y, batch, split, sleep_s):
         self.rank, self.p, self.v, self.m, self.V = rank, p, v, m, p * v
         self.layers, self.ranges, self.X, self.y, self.batch = layers, ranges, X, y, batch
         self.mb, self.width, self.n_layers = batch // m, X.shape[1], len(layers)
         self.split, (self.f_s, self.b_s, self.w_s) = split, sleep_s
-        self.state, self.sends, self.done = {}, [], []
+        self.state, self.sends = {}, []
         self.live = self.peak_live = self.live_bytes = self.peak_bytes = 0
         self.loss_total = 0.0
 
-    def run(self, kind: str, c: int, j: int):
-        """One op of the schedule: F, B or W of micro-batch ``j`` on this rank's chunk ``c``."""
-        {"F": self.forward, "B": self.backward, "W": self.weight_grad}[kind](c * self.p + self.rank, c, j)
-        while self.done:  # activations whose last backward op has run are freed
-            self.live -= 1
-            self.live_bytes -= self.done.pop()["bytes"]
+    def _stage(self, c: int) -> int:
+        return c * self.p + self.rank
 
     def _pause(self, seconds):
         if seconds > 0:
             time.sleep(float(seconds) / self.v)
 
-    def _recv(self, kind: int, s: int, j: int, src: int):
+    def p2p(self, sends, recvs):
+        """Send each output on (``dist.isend``, waited for at the end of the step) and receive
+        each input (``dist.recv``); messages are tagged (direction, receiving stage, micro-batch)."""
         import torch
         import torch.distributed as dist
 
         from .commlog import span
 
-        buf = torch.empty(self.mb, self.width, dtype=torch.float64, device=self.X.device)
-        with span("recv"):
-            dist.recv(buf, src=src % self.p, tag=_tag(kind, s, j, self.V, self.m))
-        return buf
+        for kind, c, j, t in sends:
+            direction, dst = (0, self._stage(c) + 1) if kind == "F" else (1, self._stage(c) - 1)
+            self.sends.append((dist.isend(t, dst=dst % self.p, tag=_tag(direction, dst, j, self.V, self.m)), t))
+        out = []
+        for kind, c, j in recvs:
+            s = self._stage(c)
+            if (kind == "F" and s == 0) or (kind == "B" and s == self.V - 1):
+                out.append(None)  # the first stage takes the batch; the last computes the loss
+                continue
+            direction, src = (0, s - 1) if kind == "F" else (1, s + 1)
+            buf = torch.empty(self.mb, self.width, dtype=torch.float64, device=self.X.device)
+            with span("recv"):
+                dist.recv(buf, src=src % self.p, tag=_tag(direction, s, j, self.V, self.m))
+            out.append(buf)
+        return out
 
-    def _send(self, t, kind: int, s: int, j: int, dst: int):
-        import torch.distributed as dist
-
-        self.sends.append((dist.isend(t, dst=dst % self.p, tag=_tag(kind, s, j, self.V, self.m)), t))
-
-    def forward(self, s: int, c: int, j: int):
-        """F: receive the activation (or take the batch rows), run the chunk, send the output on
-        (or add the loss), and count the bytes autograd keeps for this micro-batch."""
+    def forward(self, c: int, j: int, x):
+        """F: run the chunk on the received activation (or the batch rows), return the output to
+        send on (or add the loss), and count the bytes autograd keeps for this micro-batch."""
         import torch
 
         from .commlog import span
 
-        rows = slice(j * self.mb, (j + 1) * self.mb)
-        x = self.X[rows] if s == 0 else self._recv(0, s, j, s - 1).requires_grad_(True)
+        s, rows = self._stage(c), slice(j * self.mb, (j + 1) * self.mb)
+        x = self.X[rows] if s == 0 else x.requires_grad_(True)
         saved = []
         with span("F"):
             with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
@@ -197,25 +250,24 @@ class _RankStages:
                 if s == self.V - 1:
                     out = ((out - self.y[rows]) ** 2).sum() / self.batch
             self._pause(self.f_s)
-        if s == self.V - 1:
-            self.loss_total += out.item()
-        else:
-            self._send(out.detach(), 0, s + 1, j, s + 1)
         nbytes = sum(t.numel() * t.element_size() for t in {id(t): t for t in saved}.values())
         self.state[(c, j)] = {"x": x, "out": out, "acts": acts, "zs": zs, "bytes": nbytes}
         self.live += 1
         self.live_bytes += nbytes
         self.peak_live, self.peak_bytes = max(self.peak_live, self.live), max(self.peak_bytes, self.live_bytes)
+        if s == self.V - 1:
+            self.loss_total += out.item()
+            return None
+        return out.detach()
 
-    def backward(self, s: int, c: int, j: int):
-        """B: receive the output's gradient, backpropagate (the whole backward, or with the B/W
-        split only the input and pre-activation gradients), send the input's gradient back."""
+    def backward(self, c: int, j: int, g):
+        """B: backpropagate the output's gradient ``g`` (the whole backward, or with the B/W split
+        only the input and pre-activation gradients) and return the input's gradient."""
         import torch
 
         from .commlog import span
 
-        st = self.state[(c, j)]
-        g = self._recv(1, s, j, s + 1) if s < self.V - 1 else None
+        s, st = self._stage(c), self.state[(c, j)]
         with span("B"):
             if self.split:
                 targets = ([st["x"]] if s > 0 else []) + st["zs"]
@@ -229,12 +281,11 @@ class _RankStages:
                 st["out"].backward(g)
                 gx = st["x"].grad if s > 0 else None
                 self._pause(self.b_s + self.w_s)
-        if s > 0:
-            self._send(gx, 1, s - 1, j, s - 1)
         if not self.split:
-            self.done.append(self.state.pop((c, j)))
+            self._release(c, j)
+        return gx
 
-    def weight_grad(self, s: int, c: int, j: int):
+    def weight_grad(self, c: int, j: int):
         """W (B/W split only): the weight gradients from what B kept, dW = dZ^T A and db = sum(dZ)."""
         import torch
 
@@ -243,11 +294,16 @@ class _RankStages:
         st = self.state[(c, j)]
         with span("W"):
             with torch.no_grad():
-                for i, a, dz in zip(self.ranges[s], st["acts"], st["dz"]):
+                for i, a, dz in zip(self.ranges[self._stage(c)], st["acts"], st["dz"]):
                     self.layers[i].weight.grad += dz.T @ a
                     self.layers[i].bias.grad += dz.sum(0)
             self._pause(self.w_s)
-        self.done.append(self.state.pop((c, j)))
+        self._release(c, j)
+
+    def _release(self, c: int, j: int):
+        """The micro-batch's last backward op has run: its activations are freed."""
+        self.live -= 1
+        self.live_bytes -= self.state.pop((c, j))["bytes"]
 
 
 def pipeline_step_worker(
@@ -270,7 +326,7 @@ def pipeline_step_worker(
     sleep ``b_s + w_s`` in their one backward. Returns this rank's ``grads`` ``{layer: (dW, db)}``,
     the ``ops`` it ran in order, its peak count of live (chunk, micro-batch) activations and the
     peak bytes autograd held for them, and (last stage) the loss. The ops themselves are
-    :class:`_RankStages`' ``forward``, ``backward`` and ``weight_grad``.
+    :class:`_RankStages`' ``forward``, ``backward`` and ``weight_grad``, run by :func:`run_schedule`.
     """
     import torch
     import torch.distributed as dist
@@ -295,8 +351,7 @@ def pipeline_step_worker(
     order = op_orders(schedule, p, m, v)[rank]
     stages = _RankStages(rank, p, v, m, layers, ranges, X, y, batch, schedule == "zb-h1", sleep_s)
     dist.barrier()
-    for kind, c, j in order:
-        stages.run(kind, c, j)
+    run_schedule(order, stages)
     for work, _ in stages.sends:
         work.wait()
     return {

@@ -42,8 +42,7 @@ import numbers
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from .plots import PHASE_COLORS
-from .validate import integer_at_least
+from .validate import index_below, integer_at_least
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
 DEFINITIONS = ("total", "useful")
@@ -110,9 +109,17 @@ def op_orders(schedule: str, p: int, m: int, v: int = 1) -> list[list[tuple[str,
     return orders
 
 
-def _one_f_one_b(p: int, m: int, d: int, defer_w: int | None) -> list:
+def one_f_one_b(p: int, m: int, d: int, warm: int | None = None) -> list[tuple[str, int, int]]:
+    """Device ``d``'s 1F1B order (``op_orders("1f1b", p, m)[d]``); ``warm`` replaces its warm-up
+    length, ``p - d - 1`` forwards (:mod:`helpers.fake_step`'s step takes it as an argument)."""
+    check_schedule("1f1b", p, m)
+    index_below(d, "d (device)", p)
+    return _one_f_one_b(p, m, d, defer_w=None, warm=warm)
+
+
+def _one_f_one_b(p: int, m: int, d: int, defer_w: int | None, warm: int | None = None) -> list:
     """1F1B on device d; with ``defer_w`` = k the backward is split and up to k W's wait."""
-    warm = min(p - d - 1, m)
+    warm = min(p - d - 1 if warm is None else warm, m)
     order = [("F", 0, j) for j in range(warm)]
     nf, nb, nw = warm, 0, 0
 
@@ -437,59 +444,24 @@ def min_microbatches(p: int, target, definition: str = "useful") -> int:
     return m
 
 
-# ---- drawing ---------------------------------------------------------------------------------------
-
-# the same colours as measured timelines (helpers.plots.PHASE_COLORS): F blue, B orange, W green
-COLORS = {k: PHASE_COLORS[name] for k, name in (("F", "forward"), ("B", "backward"), ("W", "weight grad"))}
-
+# ---- drawing (in helpers.plots) --------------------------------------------------------------------
 
 def gantt(tl: Timeline, ax=None, title: str | None = None, labels: bool = True, time_unit: str = "", xmax=None):
-    """Draw the timeline as a Gantt chart: one row per device, F blue, B orange, W green.
+    """Draw the timeline as a Gantt chart: one row per device, F blue, B orange, W green (the
+    colours of measured timelines, :data:`helpers.plots.KIND_COLORS`).
 
     Micro-batch numbers are written in the bars; with v chunks the later chunks are hatched.
     Idle stretches are the white gaps. ``xmax`` sets the time axis's end (to compare charts drawn
-    on shared axes); by default it is the makespan.
+    on shared axes); by default it is the makespan. Drawn by :func:`helpers.plots.schedule_gantt`.
     """
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
+    from .plots import schedule_gantt
 
-    if ax is None:
-        _, ax = plt.subplots(figsize=(10, 0.45 * tl.p + 1.0))
-    span = float(tl.makespan)
-    for o in tl.ops:
-        s, dur = float(o.start), float(o.duration)
-        ax.barh(o.device, dur, left=s, height=0.8, color=COLORS[o.kind], edgecolor="k", linewidth=0.4,
-                hatch="//" if o.chunk % 2 else None, alpha=1.0 if o.chunk == 0 else 0.8)
-        if labels and dur > span / 90:
-            ax.text(s + dur / 2, o.device, str(o.mb), ha="center", va="center", fontsize=7, color="white")
-    ax.set_yticks(range(tl.p), [f"dev {d}" for d in range(tl.p)])
-    ax.set_ylim(tl.p - 0.5, -0.5)
-    ax.set_xlim(0, span if xmax is None else float(xmax))
-    ax.set_xlabel(f"time{' (' + time_unit + ')' if time_unit else ''}")
-    kinds = [k for k in KINDS if any(o.kind == k for o in tl.ops)]
-    names = {"F": "forward", "B": "backward (input grad)" if tl.split_backward else "backward", "W": "weight grad"}
-    ax.legend(handles=[Patch(color=COLORS[k], label=names[k]) for k in kinds], loc="upper left",
-              bbox_to_anchor=(1.0, 1.0), fontsize=7)
-    if title is None:
-        title = (f"{tl.schedule}: p={tl.p} m={tl.m}" + (f" v={tl.v}" if tl.v > 1 else "")
-                 + f"  bubble {float(tl.bubble('total')):.1%} of total, {float(tl.bubble('useful')):.1%} of useful")
-    ax.set_title(title, fontsize=9)
-    return ax
+    return schedule_gantt(tl, ax, title=title, labels=labels, time_unit=time_unit, xmax=xmax)
 
 
 def plot_in_flight(tl: Timeline, ax=None):
-    """Live micro-batches per device over time (activation memory, in stage-activation units)."""
-    import matplotlib.pyplot as plt
+    """Live micro-batches per device over time (activation memory, in stage-activation units);
+    drawn by :func:`helpers.plots.schedule_in_flight`."""
+    from .plots import schedule_in_flight
 
-    if ax is None:
-        _, ax = plt.subplots(figsize=(6, 3))
-    for d in range(tl.p):
-        steps = tl.in_flight(d)
-        ts = [float(t) for t, _ in steps] + [float(tl.makespan)]
-        ls = [float(x) for _, x in steps]
-        ax.step(ts[:-1] + [ts[-1]], ls + [ls[-1]], where="post", label=f"dev {d}")
-    ax.set_xlabel("time")
-    ax.set_ylabel("micro-batches in flight")
-    ax.set_title(f"{tl.schedule}: activations held (p={tl.p}, m={tl.m})", fontsize=9)
-    ax.legend(fontsize=7)
-    return ax
+    return schedule_in_flight(tl, ax)

@@ -1,9 +1,11 @@
-"""Plots and controls shared by the notebooks.
+"""Plots and controls shared by the notebooks: every chart of the workbook is drawn here.
 
 The per-rank timeline of a launch (P.4, P.5, P.7, P.9, ...), the ring all-reduce steps (P.7),
 memory bars (12.1.1, 12.1.2), one colour convention for forward/backward work (P.9's measured
-timeline and every simulated Gantt chart), and :func:`controls`, the one way notebooks show
-interactive controls (every notebook with a parameter to play with).
+timeline and every simulated Gantt chart), the charts of the other modules' results (drawn here,
+called by their modules' names: ``ps.gantt``, ``dag.gantt``, ``hm.draw``, ...), and
+:func:`controls`, the one way notebooks show interactive controls (every notebook with a
+parameter to play with).
 """
 from __future__ import annotations
 
@@ -210,6 +212,187 @@ def lanes(rows: dict, lanes: dict, ax=None, title: str = "", unit: float = 1e3):
     # outside the axes, to the right: a legend inside would cover the bars
     ax.legend(handles=[Patch(color=colors[n], label=n) for n in names], loc="upper left",
               bbox_to_anchor=(1.01, 1.0), fontsize=8, borderaxespad=0)
+    return ax
+
+
+# ---- the charts of the other modules' results -----------------------------------------------------
+# Each is drawn here and called through its module's own name (``ps.gantt``, ``dag.gantt``,
+# ``hm.draw``, ...), which checks its input and passes it on: the modules that compute stay free of
+# drawing code. Without ``ax`` each makes a pyplot figure of its own size (shown by ``plt.show()``);
+# a controls callback passes an axes of :func:`figure` instead.
+
+# the colours of simulated pipeline ops, the same as measured timelines' spans: F blue, B orange, W green
+KIND_COLORS = {k: PHASE_COLORS[name] for k, name in (("F", "forward"), ("B", "backward"), ("W", "weight grad"))}
+
+
+def _axes_or_new(ax, width: float, height: float):
+    """``ax``, or the axes of a new pyplot figure of ``width`` x ``height`` inches."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(width, height))
+    return ax
+
+
+def schedule_gantt(tl, ax=None, title: str | None = None, labels: bool = True, time_unit: str = "", xmax=None):
+    """A :class:`helpers.pipeline_schedule.Timeline` as a Gantt chart (``ps.gantt``, P.9, 12.2.2)."""
+    from matplotlib.patches import Patch
+
+    ax = _axes_or_new(ax, 10, 0.45 * tl.p + 1.0)
+    span = float(tl.makespan)
+    for o in tl.ops:
+        s, dur = float(o.start), float(o.duration)
+        ax.barh(o.device, dur, left=s, height=0.8, color=KIND_COLORS[o.kind], edgecolor="k", linewidth=0.4,
+                hatch="//" if o.chunk % 2 else None, alpha=1.0 if o.chunk == 0 else 0.8)
+        if labels and dur > span / 90:
+            ax.text(s + dur / 2, o.device, str(o.mb), ha="center", va="center", fontsize=7, color="white")
+    ax.set_yticks(range(tl.p), [f"dev {d}" for d in range(tl.p)])
+    ax.set_ylim(tl.p - 0.5, -0.5)
+    ax.set_xlim(0, span if xmax is None else float(xmax))
+    ax.set_xlabel(f"time{' (' + time_unit + ')' if time_unit else ''}")
+    kinds = [k for k in KIND_COLORS if any(o.kind == k for o in tl.ops)]
+    names = {"F": "forward", "B": "backward (input grad)" if tl.split_backward else "backward", "W": "weight grad"}
+    ax.legend(handles=[Patch(color=KIND_COLORS[k], label=names[k]) for k in kinds], loc="upper left",
+              bbox_to_anchor=(1.0, 1.0), fontsize=7)
+    if title is None:
+        title = (f"{tl.schedule}: p={tl.p} m={tl.m}" + (f" v={tl.v}" if tl.v > 1 else "")
+                 + f"  bubble {float(tl.bubble('total')):.1%} of total, {float(tl.bubble('useful')):.1%} of useful")
+    ax.set_title(title, fontsize=9)
+    return ax
+
+
+def schedule_in_flight(tl, ax=None):
+    """A timeline's live micro-batches per device over time (``ps.plot_in_flight``, P.9)."""
+    ax = _axes_or_new(ax, 6, 3)
+    for d in range(tl.p):
+        steps = tl.in_flight(d)
+        ts = [float(t) for t, _ in steps] + [float(tl.makespan)]
+        ls = [float(x) for _, x in steps]
+        ax.step(ts[:-1] + [ts[-1]], ls + [ls[-1]], where="post", label=f"dev {d}")
+    ax.set_xlabel("time")
+    ax.set_ylabel("micro-batches in flight")
+    ax.set_title(f"{tl.schedule}: activations held (p={tl.p}, m={tl.m})", fontsize=9)
+    ax.legend(fontsize=7)
+    return ax
+
+
+def task_gantt(schedule, kind_of, ax=None, title: str | None = None, colors: dict | None = None):
+    """A :class:`helpers.dag.Schedule` as a Gantt chart, one bar per task coloured by
+    ``kind_of(task)`` (``dag.gantt``, P.1, P.4)."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    ax = _axes_or_new(ax, 9, 0.6 + 0.35 * schedule.workers)
+    kinds = list(dict.fromkeys(kind_of(s.task) for s in schedule.slots))
+    colors = colors or {k: plt.cm.tab10(i % 10) for i, k in enumerate(kinds)}
+    for s in schedule.slots:
+        ax.barh(s.worker, s.duration, left=s.start, color=colors[kind_of(s.task)], edgecolor="k", linewidth=0.4)
+    ax.set_yticks(range(schedule.workers), [f"worker {w}" for w in range(schedule.workers)])
+    ax.invert_yaxis()
+    ax.set_xlabel("time")
+    ax.axvline(schedule.makespan, color="k", ls="--", lw=0.8)
+    ax.set_title(title or f"{schedule.workers} workers: makespan {schedule.makespan:g}")
+    ax.legend(handles=[Patch(facecolor=colors[k], edgecolor="k", label=k) for k in kinds],
+              loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    return ax
+
+
+def roofline(peak_flops: float, bandwidth: float, ridge: float, points: dict | None = None,
+             marks: dict | None = None, ax=None, title: str = "roofline of this machine"):
+    """Log-log roofline min(peak, I x bandwidth) with its ``ridge`` intensity, measured ``points``
+    ({label: (intensity, FLOP/s)}) and vertical ``marks`` ({label: intensity})
+    (``intensity.roofline_plot``, P.3)."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    ax = _axes_or_new(ax, 7, 4)
+    xs = [i for i, _ in (points or {}).values()] + list((marks or {}).values()) + [ridge]
+    lo, hi = min(xs + [0.05]) / 3, max(xs + [10]) * 3
+    I = np.logspace(math.log10(lo), math.log10(hi), 200)
+    ax.loglog(I, np.minimum(peak_flops, I * bandwidth), "k-", lw=2, label="roof: min(peak, I x bandwidth)")
+    ax.axvline(ridge, color="gray", ls=":", lw=1)
+    for j, (label, (i, f)) in enumerate((points or {}).items()):
+        ax.loglog([i], [f], "o", ms=8, color=plt.cm.tab10(j), label=f"{label} (measured)")
+    for j, (label, i) in enumerate((marks or {}).items()):
+        ax.axvline(i, color=plt.cm.Set2(j), ls="--", lw=1.5, label=label)
+    ax.set_xlabel("arithmetic intensity (FLOP / byte)")
+    ax.set_ylabel("FLOP/s")
+    ax.set_title(title)
+    ax.legend(fontsize=7, loc="lower right")
+    return ax
+
+
+def servers(mesh, devices_per_node: int, highlight: dict | None = None, ax=None, title: str | None = None):
+    """A :class:`helpers.mesh.Mesh` on servers of ``devices_per_node`` devices: boxes of devices
+    labelled with rank and coordinate, each group of a ``highlight``-ed dimension a line through
+    its members (``hm.draw``, P.11, 12.4.1)."""
+    from matplotlib.patches import Rectangle
+
+    n_nodes = mesh.world // devices_per_node
+    ax = _axes_or_new(ax, 1.6 * devices_per_node + (3 if highlight else 1), 1.25 * n_nodes + 0.6)
+    pos = {}
+    for r in range(mesh.world):
+        node, slot = divmod(r, devices_per_node)
+        pos[r] = (slot, -node)
+    for node in range(n_nodes):
+        ax.add_patch(Rectangle((-0.45, -node - 0.42), devices_per_node - 0.1, 0.84, fill=False, lw=1.5, ec="0.35"))
+        ax.text(-0.6, -node, f"server {node}", ha="right", va="center", fontsize=9)
+    for k, (name, color) in enumerate((highlight or {}).items()):
+        off = 0.12 * (k - (len(highlight) - 1) / 2)
+        for gi, g in enumerate(mesh.groups(name)):
+            xs, ys = _group_path([pos[r] for r in g], off)
+            ax.plot(xs, ys, "-", color=color, lw=2.2, alpha=0.75, label=f"{name} groups" if gi == 0 else None)
+    for r, (x, y) in pos.items():
+        c = mesh.coord(r)
+        ax.add_patch(Rectangle((x - 0.36, y - 0.3), 0.72, 0.6, fc="white", ec="0.2", zorder=3))
+        ax.text(x, y + 0.1, f"GPU {r}", ha="center", va="center", fontsize=8, weight="bold", zorder=4)
+        ax.text(x, y - 0.13, ",".join(f"{n}{i}" for n, i in c.items()), ha="center", va="center", fontsize=6.5, zorder=4)
+    ax.set_xlim(-1.9, devices_per_node + 0.2)
+    ax.set_ylim(-n_nodes + 0.4, 0.6)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    if highlight:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+    shape = " x ".join(f"{n.upper()}{s}" for n, s in zip(mesh.names, mesh.sizes))
+    ax.set_title(title or f"{mesh.world} devices as {shape}, {devices_per_node} per server", fontsize=10)
+    return ax
+
+
+def _group_path(points, off):
+    """A polyline through a group's members; a hop that skips a server or a slot bows outwards
+    (a quadratic curve), so that it does not run through the devices in between."""
+    import numpy as np
+
+    xs, ys = [points[0][0] + off], [points[0][1] + off]
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        a, b = np.array([x0 + off, y0 + off]), np.array([x1 + off, y1 + off])
+        d = b - a
+        if abs(d[0]) > 1 or abs(d[1]) > 1:
+            ctrl = (a + b) / 2 + np.array([-d[1], d[0]]) * 0.5
+            t = np.linspace(0, 1, 24)[1:, None]
+            curve = (1 - t) ** 2 * a + 2 * (1 - t) * t * ctrl + t ** 2 * b
+            xs += list(curve[:, 0]); ys += list(curve[:, 1])
+        else:
+            xs.append(b[0]); ys.append(b[1])
+    return xs, ys
+
+
+def prefetch_timeline(result, ax=None, title: str = ""):
+    """One rank's step of :func:`helpers.layer_overlap.fsdp_prefetch_worker`: each layer's forward
+    and backward compute as bars, and below them FSDP2's all-gathers (AG i) and reduce-scatters
+    (RS i) at the moment they were issued (``lov.prefetch_plot``, 12.1.2)."""
+    ax = _axes_or_new(ax, 9, 2.2)
+    for (kind, i), (s, e) in result["compute"].items():
+        ax.barh(1, (e - s) * 1e3, left=s * 1e3, color=f"C{i}", edgecolor="k", alpha=0.5 if kind == "backward" else 1.0)
+        ax.text((s + e) / 2 * 1e3, 1, f"{kind[0].upper()}{i}", ha="center", va="center", fontsize=8)
+    for k, (op, layer, t) in enumerate(result["ops"]):
+        y = 0.35 if op == "all_gather" else -0.15
+        ax.plot([t * 1e3] * 2, [y - 0.15, y + 0.15], color=f"C{layer}" if layer is not None else "k")
+        ax.text(t * 1e3, y + 0.2 + 0.12 * (k % 2), f"{'AG' if op == 'all_gather' else 'RS'}{layer}", ha="center", fontsize=7)
+    ax.set_yticks([1, 0.35, -0.15], ["compute (F: forward, B: backward)", "all-gather issued", "reduce-scatter issued"], fontsize=8)
+    ax.set_ylim(-0.5, 1.6)
+    ax.set_xlabel("ms since the step began")
+    ax.set_title(title, fontsize=9)
     return ax
 
 

@@ -9,8 +9,8 @@ The pieces are the hand-written ones of the earlier sections:
   TP group), built from the full block weights of :func:`helpers.tensor_parallel.make_block_params`;
 * pipeline parallelism across stages: each stage holds :func:`helpers.pipeline_parallel.layer_ranges`
   of the blocks and runs the per-device order of :func:`helpers.pipeline_schedule.op_orders`
-  (1F1B or GPipe), receiving activations and sending gradients point to point to the rank with
-  the same (dp, tp) in the neighbouring stage;
+  (1F1B or GPipe) with :func:`helpers.pipeline_parallel.run_schedule`, receiving activations and
+  sending gradients point to point to the rank with the same (dp, tp) in the neighbouring stage;
 * data parallelism: one all-reduce (sum) of the flattened gradients over the DP group.
 
 Spans ``F``, ``B``, ``recv`` and ``DP all-reduce`` (:func:`helpers.commlog.span`) let
@@ -27,11 +27,13 @@ parallelism and micro-batches split the batch dimension b.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 
 from .commlog import as_tuples, mark, ops_since
 from .mesh import Mesh, build_groups
-from .pipeline_parallel import layer_ranges
+from .pipeline_parallel import layer_ranges, run_schedule
 from .pipeline_schedule import op_orders
 from .tp_block import BlockConfig, ParallelBlock, make_block_params, reference_block, shard_block_params
 from .validate import integer_at_least
@@ -66,6 +68,76 @@ def check_layout(dp: int, pp: int, tp: int, n_blocks: int, batch: int, m: int, c
         raise ValueError("the 3D demo compares with one process exactly: use a config without dropout")
 
 
+@contextmanager
+def _recorded(into: list):
+    """Append to ``into`` the collectives and p2p calls made inside the block."""
+    at = mark()
+    yield
+    into += as_tuples(ops_since(at))
+
+
+class _StageStep:
+    """One rank's stage during one step, the steps of :func:`helpers.pipeline_parallel.run_schedule`:
+    the forward and backward of its blocks on micro-batch j (TP collectives inside), the
+    point-to-point hand-offs with the rank of the same (dp, tp) in the neighbouring stages, and
+    ``comm``, the calls of each phase (``tp``, ``pp``; ``dp`` is added by the worker)."""
+
+    def __init__(self, blocks, X, Y, coord, pp_ranks, pp, m, mb, lo, scale):
+        self.blocks, self.X, self.Y, self.pp_ranks, self.m, self.mb, self.lo, self.scale = (
+            blocks, X, Y, pp_ranks, m, mb, lo, scale)
+        self.stage, self.last = coord["pp"], coord["pp"] == pp - 1
+        self.state, self.sends, self.loss_sum = {}, [], 0.0
+        self.comm = {"tp": [], "pp": []}
+
+    def _cols(self, j: int) -> slice:
+        return slice(self.lo + j * self.mb, self.lo + (j + 1) * self.mb)
+
+    def p2p(self, sends, recvs):
+        """Sends (``dist.isend``, waited for after the step) and blocking receives, tagged j
+        (activations) and m + j (gradients)."""
+        import torch.distributed as dist
+
+        from .commlog import span
+
+        out = []
+        with _recorded(self.comm["pp"]):
+            for kind, _, j, t in sends:
+                dst, tag = (self.stage + 1, j) if kind == "F" else (self.stage - 1, self.m + j)
+                self.sends.append((dist.isend(t, dst=self.pp_ranks[dst], tag=tag), t))
+            for kind, _, j in recvs:
+                if (kind == "F" and self.stage == 0) or (kind == "B" and self.last):
+                    out.append(None)  # the first stage reads the batch; the last computes the loss
+                    continue
+                src, tag = (self.stage - 1, j) if kind == "F" else (self.stage + 1, self.m + j)
+                x = self.X.new_empty(self.X.shape[0], self.mb, self.X.shape[2])
+                with span("recv"):
+                    dist.recv(x, src=self.pp_ranks[src], tag=tag)
+                out.append(x)
+        return out
+
+    def forward(self, c: int, j: int, x):
+        from .commlog import span
+
+        x = self.X[:, self._cols(j)] if self.stage == 0 else x.requires_grad_(True)
+        with _recorded(self.comm["tp"]), span("F"):
+            out = x
+            for b in self.blocks:
+                out = b(out)
+            if self.last:
+                out = ((out - self.Y[:, self._cols(j)]) ** 2).sum() * self.scale
+                self.loss_sum += out.item()
+        self.state[j] = (x, out)
+        return None if self.last else out.detach()
+
+    def backward(self, c: int, j: int, g):
+        from .commlog import span
+
+        x, out = self.state.pop(j)
+        with _recorded(self.comm["tp"]), span("B"):
+            out.backward(g)
+        return x.grad if self.stage > 0 else None
+
+
 def three_d_worker(dp: int = 2, pp: int = 2, tp: int = 2, steps: int = 3, m: int = 2, batch: int = 8, seq: int = 8,
                    n_blocks: int = 4, cfg: BlockConfig | None = None, lr: float = 0.05, seed: int = 0,
                    schedule: str = "1f1b") -> dict:
@@ -74,7 +146,8 @@ def three_d_worker(dp: int = 2, pp: int = 2, tp: int = 2, steps: int = 3, m: int
     Returns this rank's coordinate and group members, its per-step partial loss (last stage only,
     else None), its parameter shards after training ``{block: {name: tensor}}``, and the
     collectives it issued in each phase of the last step: ``tp`` (inside the forward and
-    backward), ``pp`` (sends and receives), ``dp`` (the gradient all-reduce).
+    backward), ``pp`` (sends and receives), ``dp`` (the gradient all-reduce). Each step runs the
+    schedule's order with :func:`helpers.pipeline_parallel.run_schedule`.
     """
     import torch.distributed as dist
 
@@ -89,7 +162,7 @@ def three_d_worker(dp: int = 2, pp: int = 2, tp: int = 2, steps: int = 3, m: int
     rank = dist.get_rank()
     coord = mesh.coord(rank)
     groups = build_groups(mesh)
-    stage, last = coord["pp"], coord["pp"] == pp - 1
+    stage = coord["pp"]
     pp_ranks = mesh.group_of(rank, "pp")  # the same (dp, tp) in every stage
     dev = device()
     mine = list(layer_ranges(n_blocks, pp)[stage])
@@ -98,76 +171,31 @@ def three_d_worker(dp: int = 2, pp: int = 2, tp: int = 2, steps: int = 3, m: int
     params = [p for b in blocks for p in b.parameters()]
     X, Y = (t.to(dev) for t in make_batch(batch, seq, cfg.h, seed + 1000))
     per_replica, mb = batch // dp, batch // (dp * m)
-    lo = coord["dp"] * per_replica
     scale = 1.0 / (batch * seq * cfg.h)
     order = op_orders(schedule, pp, m)[stage]
     losses, comm = [], {}
     for _ in range(steps):
         for p in params:
             p.grad = None
-        state, sends, loss_sum = {}, [], 0.0
-        phase = {"tp": [], "pp": []}
-        for kind, _, j in order:
-            cols = slice(lo + j * mb, lo + (j + 1) * mb)
-            if kind == "F":
-                if stage == 0:
-                    x = X[:, cols]
-                else:
-                    x = torch.empty(seq, mb, cfg.h, dtype=torch.float64, device=dev)
-                    at = mark()
-                    with span("recv"):
-                        dist.recv(x, src=pp_ranks[stage - 1], tag=j)
-                    phase["pp"] += as_tuples(ops_since(at))
-                    x.requires_grad_(True)
-                at = mark()
-                with span("F"):
-                    out = x
-                    for b in blocks:
-                        out = b(out)
-                    if last:
-                        out = ((out - Y[:, cols]) ** 2).sum() * scale
-                        loss_sum += out.item()
-                phase["tp"] += as_tuples(ops_since(at))
-                if not last:
-                    send = out.detach()
-                    at = mark()
-                    sends.append((dist.isend(send, dst=pp_ranks[stage + 1], tag=j), send))
-                    phase["pp"] += as_tuples(ops_since(at))
-                state[j] = (x, out)
-            else:  # "B"
-                x, out = state.pop(j)
-                g = None
-                if not last:
-                    g = torch.empty(seq, mb, cfg.h, dtype=torch.float64, device=dev)
-                    at = mark()
-                    with span("recv"):
-                        dist.recv(g, src=pp_ranks[stage + 1], tag=m + j)
-                    phase["pp"] += as_tuples(ops_since(at))
-                at = mark()
-                with span("B"):
-                    out.backward(g)
-                phase["tp"] += as_tuples(ops_since(at))
-                if stage > 0:
-                    at = mark()
-                    sends.append((dist.isend(x.grad, dst=pp_ranks[stage - 1], tag=m + j), x.grad))
-                    phase["pp"] += as_tuples(ops_since(at))
-        for work, _ in sends:
+        step = _StageStep(blocks, X, Y, coord, pp_ranks, pp, m, mb, coord["dp"] * per_replica, scale)
+        run_schedule(order, step)
+        for work, _ in step.sends:
             work.wait()
         # data parallelism: one all-reduce of every gradient, flattened, over the DP group
         flat = torch.cat([p.grad.reshape(-1) for p in params])
-        at = mark()
-        if dp > 1:
-            with span("DP all-reduce"):
-                dist.all_reduce(flat, group=groups["dp"])
-        phase["dp"] = as_tuples(ops_since(at))
+        step.comm["dp"] = []
+        with _recorded(step.comm["dp"]):
+            if dp > 1:
+                with span("DP all-reduce"):
+                    dist.all_reduce(flat, group=groups["dp"])
         with torch.no_grad():
             k = 0
             for p in params:
                 n = p.numel()
                 p -= lr * flat[k:k + n].view_as(p)
                 k += n
-        losses.append(loss_sum if last else None)
-        comm = phase
+        losses.append(step.loss_sum if step.last else None)
+        comm = step.comm
     return {"rank": rank, "coord": coord, "groups": {n: mesh.group_of(rank, n) for n in mesh.names},
             "blocks": mine, "losses": losses,
             "params": {i: {k: v.detach().clone() for k, v in b.named_shards().items()} for i, b in zip(mine, blocks)},

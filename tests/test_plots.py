@@ -1,5 +1,8 @@
 """helpers.plots: controls that start at the book's values and draw reliably, one colour per kind
 of pipeline work, legends outside the bars, the ring figure at laptop width (issue 16)."""
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace as NS
 
 import matplotlib
@@ -9,6 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from ipywidgets import Dropdown, FloatLogSlider, FloatSlider, IntSlider  # noqa: E402
+from matplotlib.colors import to_rgba  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from helpers import collectives, plots  # noqa: E402
@@ -116,10 +120,24 @@ def test_say_wraps_at_words():
 
 def test_one_colour_for_forward_and_backward_in_timelines_and_gantt_charts():
     colors = plots.span_colors(["B", "F", "recv"])
-    assert colors["F"] == ps.COLORS["F"] == plots.PHASE_COLORS["forward"]
-    assert colors["B"] == ps.COLORS["B"] == plots.PHASE_COLORS["backward"]
-    assert colors["recv"] not in (colors["F"], colors["B"], ps.COLORS["W"])
+    assert colors["F"] == plots.KIND_COLORS["F"] == plots.PHASE_COLORS["forward"]
+    assert colors["B"] == plots.KIND_COLORS["B"] == plots.PHASE_COLORS["backward"]
+    assert colors["recv"] not in (colors["F"], colors["B"], plots.KIND_COLORS["W"])
     assert plots.span_colors(["serial", "tasks"]) == {"serial": plt.cm.tab10(0), "tasks": plt.cm.tab10(1)}
+    tl = ps.simulate("zb-h1", 2, 2)
+    fig, ax = plots.figure(6, 2)
+    ps.gantt(tl, ax=ax)  # a simulated Gantt chart's bars take the same colours
+    assert [bar.get_facecolor() for bar in ax.patches] == [to_rgba(plots.KIND_COLORS[o.kind]) for o in tl.ops]
+
+
+def test_the_modules_that_compute_draw_through_plots():
+    """pipeline_schedule, dag, intensity, mesh and layer_overlap import neither plots nor matplotlib
+    (their charts are drawn by plots, called through their own names)."""
+    code = ("import sys, helpers.pipeline_schedule, helpers.dag, helpers.intensity, helpers.mesh, helpers.layer_overlap; "
+            "print(sorted(m for m in sys.modules if m == 'helpers.plots' or m.startswith('matplotlib')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert out.stdout.strip() == "[]"
 
 
 def _run(names):
