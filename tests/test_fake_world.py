@@ -201,12 +201,12 @@ def test_planner_activations_with_the_models_shapes_match_pytorch():
     SP keeping the gathered inputs) is what one layer of PyTorch's code keeps, to the FP32 scalars
     per token (norms' 1/rms, attention's log-sum-exp) it leaves out; the chapter's GPT-3 formula is
     far from it for a SwiGLU/GQA model with sequence parallelism."""
-    from helpers.planner import Rules, activation_bytes
+    from helpers.planner import Rules, stage_activation_bytes
 
     model = Model("swiglu", layers=5, hidden=64, heads=4, kv_heads=2, ffn=192, mlp_matrices=3, seq_len=512, vocab=256)
     lay = Layout(dp=1, tp=2, zero=3, micro_batch=4)  # activations dominate the peak
     measured = fw.simulate(model, lay, micro_batches=1, trace_layers=2, extrapolate="always").per_layer["activations"]
-    per_layer = lambda am: activation_bytes(model, lay, 1, Rules(dropout=False, activation_model=am))["per layer"]
+    per_layer = lambda am: stage_activation_bytes(model, lay, 1, Rules(dropout=False, activation_model=am))["per layer"]
     assert abs(measured / per_layer("pytorch") - 1) < 0.03
     assert measured / per_layer("korthikanti") > 1.3 and measured / per_layer("shapes") > 1.1
     with pytest.raises(ValueError, match="activation_model"):
