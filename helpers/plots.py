@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import itertools
 import math
+import os
 import weakref
 
 # One colour per kind of pipeline work, in every chart that shows it: spans named "F"/"forward"
@@ -68,12 +69,15 @@ def timeline(run, ax=None, title: str = "per-rank timeline"):
     ax.invert_yaxis()
     ax.set_xlabel("seconds (ticks: communication calls)")
     ax.set_title(title)
-    if names:
+    if names or any(run.comm):
+        from matplotlib.lines import Line2D
         from matplotlib.patches import Patch
 
+        handles = [Patch(color=colors[n], label=n) for n in names]
+        if any(run.comm):  # the ticks are marks too: the legend says what they are
+            handles.append(Line2D([], [], color="k", marker="|", ls="None", markersize=6, label="communication call"))
         # outside the axes, to the right: a legend inside would cover the bars
-        ax.legend(handles=[Patch(color=colors[n], label=n) for n in names], loc="upper left",
-                  bbox_to_anchor=(1.01, 1.0), fontsize=9, borderaxespad=0)
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9, borderaxespad=0)
     return ax
 
 
@@ -244,16 +248,19 @@ def schedule_gantt(tl, ax=None, title: str | None = None, labels: bool = True, t
         s, dur = float(o.start), float(o.duration)
         ax.barh(o.device, dur, left=s, height=0.8, color=KIND_COLORS[o.kind], edgecolor="k", linewidth=0.4,
                 hatch="//" if o.chunk % 2 else None, alpha=1.0 if o.chunk == 0 else 0.8)
-        if labels and dur > span / 90:
-            ax.text(s + dur / 2, o.device, str(o.mb), ha="center", va="center", fontsize=7, color="white")
+        if labels and dur > span / 90:  # on a small white box, so that a hatch does not hide it
+            ax.text(s + dur / 2, o.device, str(o.mb), ha="center", va="center", fontsize=8, color="k",
+                    bbox=dict(boxstyle="square,pad=0.1", fc="white", ec="none", alpha=0.85))
     ax.set_yticks(range(tl.p), [f"dev {d}" for d in range(tl.p)])
     ax.set_ylim(tl.p - 0.5, -0.5)
     ax.set_xlim(0, span if xmax is None else float(xmax))
     ax.set_xlabel(f"time{' (' + time_unit + ')' if time_unit else ''}")
     kinds = [k for k in KIND_COLORS if any(o.kind == k for o in tl.ops)]
     names = {"F": "forward", "B": "backward (input grad)" if tl.split_backward else "backward", "W": "weight grad"}
-    ax.legend(handles=[Patch(color=KIND_COLORS[k], label=names[k]) for k in kinds], loc="upper left",
-              bbox_to_anchor=(1.0, 1.0), fontsize=7)
+    handles = [Patch(color=KIND_COLORS[k], label=names[k]) for k in kinds]
+    if any(o.chunk % 2 for o in tl.ops):  # the hatch is a mark too
+        handles.append(Patch(facecolor="white", edgecolor="k", hatch="//", label="odd-numbered chunk"))
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     if title is None:
         title = (f"{tl.schedule}: p={tl.p} m={tl.m}" + (f" v={tl.v}" if tl.v > 1 else "")
                  + f"  bubble {float(tl.bubble('total')):.1%} of total, {float(tl.bubble('useful')):.1%} of useful")
@@ -272,7 +279,7 @@ def schedule_in_flight(tl, ax=None):
     ax.set_xlabel("time")
     ax.set_ylabel("micro-batches in flight")
     ax.set_title(f"{tl.schedule}: activations held (p={tl.p}, m={tl.m})", fontsize=9)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=8)
     return ax
 
 
@@ -571,6 +578,11 @@ def _controls_class():
                         pyplot.close(num)
                     raise TypeError("a controls callback must draw on plots.figure(...) and return the "
                                     "figure, not use pyplot (plt.subplots / plt.figure)")
+                if os.environ.get("WORKBOOK_CHECK_FIGURES") == "1":  # the suite checks controls' figures too
+                    from .readability import check
+
+                    for fig in figs:
+                        check(fig)
                 images = [base64.b64encode(_png(fig)).decode("ascii") for fig in figs]
             except Exception as exc:
                 error, images = exc, []

@@ -45,6 +45,10 @@ def shrink(fig, renderer=None) -> float:
 
 
 def _renderer(fig):
+    if not hasattr(fig.canvas, "get_renderer"):  # a Figure made without pyplot (plots.figure): no canvas yet
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+        FigureCanvasAgg(fig)
     fig.draw_without_rendering()
     return fig.canvas.get_renderer()
 

@@ -151,8 +151,22 @@ def test_timeline_legend_sits_outside_the_bars():
     fig.canvas.draw()
     legend = ax.get_legend().get_window_extent()
     assert legend.x0 >= ax.get_window_extent().x1  # right of the axes, over no bar
-    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["F", "B", "recv"]  # forward first
+    # forward first; the communication ticks are explained too
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["F", "B", "recv", "communication call"]
     plt.close(fig)
+
+
+def test_timeline_and_gantt_legends_explain_every_mark():
+    from helpers import pipeline_schedule as ps
+    from helpers import readability
+
+    ax = plots.timeline(_run(["F", "B"]))
+    assert readability.unexplained(ax.figure) == []
+    plt.close(ax.figure)
+    ax = plots.schedule_gantt(ps.simulate("interleaved", 4, 8, v=2))
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "odd-numbered chunk" in labels and readability.unexplained(ax.figure) == [], labels
+    plt.close(ax.figure)
 
 
 def test_ring_steps_fit_a_laptop_screen():
