@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .commlog import span
 from .efficiency import round_robin_tasks
 from .validate import durations, integer_at_least
 
@@ -210,8 +211,6 @@ def amdahl_job_worker(n_tasks: int, task_s: float, serial_s: float):
     import time
 
     import torch.distributed as dist
-
-    from .commlog import span
 
     granular_time(n_tasks, task_s, serial_s, dist.get_world_size())  # validates
     tasks, t0, t1, _ = round_robin_tasks(n_tasks, task_s, "parallel")  # the serial tail needs every task's result

@@ -13,6 +13,7 @@ from fractions import Fraction
 
 from . import costs
 from .memory import GB
+from .pipeline_schedule import bubble_formula, min_microbatches
 from .planner_assess import Layout, Rules, assess
 from .planner_specs import DATA, Cluster, Model, h100_cluster, hardware
 
@@ -234,7 +235,6 @@ def book_12_4_2() -> list:
 
 def pp32_rule() -> dict:
     """12.4.2's 1T answer: PP=32 'demands m >= 128 to stay under 20%' under (p-1)/m."""
-    from .pipeline_schedule import bubble_formula, min_microbatches
 
     return {"(p-1)/m at p=32, m=128": float(bubble_formula(32, 128, definition="useful")),
             "m for (p-1)/m <= 20%": min_microbatches(32, Fraction(1, 5), "useful"),

@@ -13,7 +13,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import costs
-from .validate import integer_at_least
+from .commlog import span
+from .validate import integer_at_least, one_of
+from .worker import device
 
 # ---- numpy: the ring, step by step -----------------------------------------------------------
 
@@ -152,8 +154,6 @@ def ring_all_reduce(tensor, group=None):
     import torch
     import torch.distributed as dist
 
-    from .commlog import span
-
     n = dist.get_world_size(group)
     rank = dist.get_rank(group)
     if n == 1:
@@ -183,8 +183,6 @@ def ring_check_worker(numel: int = 1 << 12, seed: int = 0):
     """Compare the hand ring with ``dist.all_reduce`` on this rank's random tensor (P.7)."""
     import torch
     import torch.distributed as dist
-
-    from .worker import device
 
     g = torch.Generator().manual_seed(seed + dist.get_rank())
     x = torch.randn(numel, generator=g, dtype=torch.float64).to(device())
@@ -221,9 +219,6 @@ def time_allreduce_worker(sizes_bytes=(1 << 10, 1 << 14, 1 << 18, 1 << 22, 1 << 
 
     import torch
     import torch.distributed as dist
-
-    from .validate import one_of
-    from .worker import device
 
     integer_at_least(repeats, "repeats")
     pick = {"min": min, "median": statistics.median}[one_of(statistic, "statistic", ("min", "median"))]

@@ -19,6 +19,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from .dag import DAG, list_schedule
 from .validate import integer_at_least, positive_number
 
 KINDS = ("serial", "threads", "processes")
@@ -93,7 +94,6 @@ def model_calls(delays, limit: int | None = None, concurrent: bool = True, edges
     """Predicted seconds for the calls: the sum when sequential; otherwise the makespan of a greedy
     schedule with ``limit`` lanes (unlimited: the span of the graph, max of the delays when
     there are no ``edges`` between calls)."""
-    from .dag import DAG, list_schedule
 
     items = _check_delays(delays)
     _check_limit(limit)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .commlog import span as timed_span  # dag.span is T_inf
 from .validate import integer_at_least, positive_number
 
 PRIORITIES = ("order", "longest", "critical")
@@ -469,23 +470,21 @@ def embedding_job_worker(n_chunks: int = 100, embed_s: float = 0.01, merge_s: fl
     """
     import torch.distributed as dist
 
-    from .commlog import span
-
     rank, world = dist.get_rank(), dist.get_world_size()
     mine = {}
     for i in range(rank, n_chunks, world):
         t = f"embed[{i}]"
-        with span("embed"):
+        with timed_span("embed"):
             mine[t] = embedding_task(t, embed_s, {}, dim)
     gathered = [None] * world if rank == 0 else None
-    with span("gather"):
+    with timed_span("gather"):
         dist.gather_object(mine, gathered, dst=0)
     if rank != 0:
         return None
     embs = {k: v for part in gathered for k, v in part.items()}
-    with span("merge"):
+    with timed_span("merge"):
         merged = embedding_task("merge", merge_s, embs, dim)
-    with span("index"):
+    with timed_span("index"):
         return embedding_task("index", index_s, {"merge": merged}, dim)
 
 

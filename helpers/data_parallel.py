@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from .memory import measure_model_state
 from .validate import equal_parts, index_below, integer_at_least
+from .worker import device
 
 # ---- numpy: the P.6 example ------------------------------------------------------------------
 
@@ -123,8 +125,6 @@ def ddp_train_worker(steps: int = 5, batch: int = 32, lr: float = 0.1, seed: int
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from .worker import device
-
     rank, world = dist.get_rank(), dist.get_world_size()
     sizes = shard_sizes_for(batch, world, sizes)
     lo = sum(sizes[:rank])
@@ -154,8 +154,6 @@ def mixed_precision_ddp_worker(sizes=(64, 256, 256, 8), steps: int = 2, batch: i
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from .memory import measure_model_state
 
     torch.manual_seed(seed)
     layers = []

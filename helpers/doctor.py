@@ -18,6 +18,9 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
+from .launcher import plan_ranks
+from .torchrun_main import pick_backend
+
 ROOT = Path(__file__).resolve().parent.parent
 REQUIREMENTS = ROOT / "requirements.txt"
 
@@ -127,8 +130,6 @@ def report(requirements: Path | str = REQUIREMENTS, installed=None, torch=None) 
         lines.append(f"torch.distributed: {'yes' if facts['distributed'] else 'no'}; gloo: "
                      f"{'yes' if facts['gloo'] else 'no'}; NCCL: {nccl}")
         lines.append(private_apis())
-        from .launcher import plan_ranks
-        from .torchrun_main import pick_backend
 
         lines.append(f"launch() from a notebook would run: {plan_ranks(gpus=facts['gpus']).describe()}")
         per_node = max(facts["gpus"], 1)

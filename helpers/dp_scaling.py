@@ -12,8 +12,11 @@
 """
 from __future__ import annotations
 
+from .costs import step_time
 from .data_parallel import make_batches, make_model, rank_rows
+from .memory import measure_model_state
 from .validate import integer_at_least, positive_number
+from .worker import device
 
 THROUGHPUT_SIZES = (64, 512, 512, 512, 1)
 
@@ -31,9 +34,6 @@ def throughput_worker(global_batch: int = 512, sizes=THROUGHPUT_SIZES, steps: in
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from .memory import measure_model_state
-    from .worker import device
 
     rank, world = dist.get_rank(), dist.get_world_size()
     model = make_model(seed, sizes).float().to(device())
@@ -74,7 +74,6 @@ def scaling_table(runs: dict, cores: int) -> list[dict]:
     pace): the measured step and samples per second, and the model
     T(N) = compute(1) / N + optimizer(1) + all-reduce(N) (no overlap assumed), also with the
     compute divided by min(N, ``cores``) only: N processes on fewer cores share them."""
-    from .costs import step_time
 
     base = max(runs[1].results, key=lambda r: r["step_s"])
     rows = []

@@ -24,8 +24,10 @@ import time
 
 import numpy as np
 
+from .commlog import span
 from .validate import durations as _durations
 from .validate import integer_at_least as _positive_int
+from .worker import device
 
 # ---- 1. synchronisation: the barrier ---------------------------------------------------------
 
@@ -58,8 +60,6 @@ def barrier_worker(durations, repeats: int = 1):
     are lined up by a barrier before each repeat, so a wait is only the gap to the slowest.
     """
     import torch.distributed as dist
-
-    from .commlog import span
 
     rank, world = dist.get_rank(), dist.get_world_size()
     d = _durations(durations)
@@ -112,8 +112,6 @@ def round_robin_tasks(tasks: int, task_s: float, label: str) -> tuple[int, float
     "wait"). Returns its task count and the times it started, ended its tasks and left the barrier
     (for :func:`imbalance_worker` and :func:`helpers.amdahl.amdahl_job_worker`; they validate)."""
     import torch.distributed as dist
-
-    from .commlog import span
 
     mine = range(dist.get_rank(), tasks, dist.get_world_size())
     dist.barrier()
@@ -190,8 +188,6 @@ def overhead_worker(sizes, budget_elems: int = 2_000_000, max_reps: int = 400):
     import torch
     import torch.distributed as dist
 
-    from .worker import device
-
     out = {}
     for k in sizes:
         k = _positive_int(k, "slice size")
@@ -213,9 +209,6 @@ def comm_worker(total_compute_s: float, grad_elems: int, steps: int = 5):
     """
     import torch
     import torch.distributed as dist
-
-    from .commlog import span
-    from .worker import device
 
     world = dist.get_world_size()
     (total_compute_s,) = _durations([total_compute_s], "total_compute_s")

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from . import costs
 from .commlog import as_tuples, mark, ops_since
 from .moe_numpy import check_layout, problem, reference, token_groups
+from .worker import device
 
 # ---- the all-to-all with its backward ------------------------------------------------------------
 
@@ -170,7 +171,6 @@ def ep_worker(tokens: int = 32, h: int = 8, f: int = 16, experts: int = 8, top_k
     from its tokens (their sum over ranks is the full one), its experts' gradients, the dispatch
     splits and the collectives of the forward and the backward: (op, payload bytes, group size).
     """
-    from .worker import device
 
     rank, R = dist.get_rank(), dist.get_world_size()
     check_layout(experts, top_k, R, capacity_factor)

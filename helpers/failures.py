@@ -30,6 +30,8 @@ import time
 
 import numpy as np
 
+from .commlog import span
+from .data_parallel import make_batches, make_model, rank_rows
 from .failures_numpy import (
     balance_by_tokens,
     bits_differ,
@@ -49,6 +51,7 @@ from .failures_numpy import (
     token_imbalance,
     young_interval,
 )
+from .launcher import RankError
 from .validate import equal_parts
 from .validate import integer_at_least as _pos_int
 
@@ -81,8 +84,6 @@ def straggler_worker(steps: int = 8, base_s: float = 0.100, slow_rank: int | Non
     """
     import torch
     import torch.distributed as dist
-
-    from .commlog import span
 
     steps = _pos_int(steps, "steps")
     rank = dist.get_rank()
@@ -216,7 +217,6 @@ def classify_failure(err) -> dict[int, str]:
     ``timed out`` (a collective timed out waiting), ``names a culprit`` (a monitored barrier
     reported who did not arrive) or ``lost a peer`` (a consequence: connection closed or reset).
     """
-    from .launcher import RankError
 
     if not isinstance(err, RankError):
         raise ValueError(f"classify_failure takes a RankError, got {type(err).__name__}")
@@ -261,8 +261,6 @@ def checkpoint_train_worker(ckpt_dir: str | None, steps: int = 8, save_at: int |
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_model_state_dict, set_state_dict
     from torch.distributed.fsdp import fully_shard
-
-    from .data_parallel import make_batches, make_model, rank_rows
 
     world = dist.get_world_size()
     mine = rank_rows(batch, dist.get_rank(), world)

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from .case_studies import LLAMA_RULES, llama3_model
+from .fake_world import simulate, uneven_stages
 from .memory import GB
 from .planner import Cluster, Layout, Model, Rules, assess, book_70b, book_100b, h100_cluster, p11_40b, p11_cluster
 
@@ -52,7 +54,6 @@ class Case:
         return assess(self.model, self.cluster, self.global_batch, self.layout, replace(self.rules, **rules)).memory
 
     def simulate(self, **overrides):
-        from .fake_world import simulate
 
         kw = dict(self.sim)
         if "micro_batches" not in kw:
@@ -63,8 +64,6 @@ class Case:
 
 def cases() -> dict:
     """The headline configurations of the issue's list, by key."""
-    from .case_studies import LLAMA_RULES, llama3_model
-    from .fake_world import uneven_stages
 
     m75, nodrop = book_7_5b(), Rules(dropout=False)
     one = {"micro_batches": 1, "trace_layers": 2}

@@ -46,6 +46,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from .commlog import _FUNCTIONAL, CommLog, record_call
 from .llama_model import Stage, stage_layer_ids, tp_plan
 from .pipeline_parallel import run_schedule
 from .pipeline_schedule import one_f_one_b
@@ -324,7 +325,6 @@ def memtracker_class():
 
     from torch.distributed.tensor import DTensor
 
-    from .commlog import record_call
     from .torch_private import TOTAL_KEY, MemRefType, MemTracker, ModState, active_fake_mode, tree_map_only
 
     class _Tracker(MemTracker):
@@ -439,7 +439,6 @@ def _backend_keeps(func) -> bool:
     32,896-byte reduce-scatter input of DP2 TP2 ZeRO-3 is, every run), after the peak so far."""
     keeps = _KEEPS.get(func)
     if keeps is None:
-        from .commlog import _FUNCTIONAL
 
         keeps = _KEEPS[func] = func.namespace == FUNCTIONAL_NAMESPACE and func.__name__.split(".")[0] in _FUNCTIONAL
     return keeps
@@ -591,7 +590,6 @@ def measured_step(model, layout, stages, m: int, *, fake: bool, dropout: bool = 
 
 
 def _measure(model, layout, parts, m, *, init, boundaries, t0, warm):
-    from .commlog import CommLog
 
     parts.materialize(init)
     tracker = memtracker_class()()

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import costs
+from .commlog import span
 from .validate import index_below
 from .validate import integer_at_least as _int
 from .validate import positive_number as _pos
@@ -267,8 +268,6 @@ def tp_decode_worker(cfg, layers: int = 4, steps: int = 24, warmup: int = 8, bat
     and all-reduce count, plus this rank's weight bytes.
     """
     import torch
-
-    from .commlog import span
 
     dtype = getattr(torch, dtype_name)
     index_below(warmup, "warmup (steps not timed)", steps)

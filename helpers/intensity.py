@@ -24,7 +24,9 @@ import statistics
 import time
 from dataclasses import dataclass
 
+from .commlog import span
 from .validate import equal_parts, integer_at_least, positive_number
+from .worker import device
 
 
 @dataclass(frozen=True)
@@ -222,9 +224,6 @@ def matmul_rows_worker(A, B):
     import torch
     import torch.distributed as dist
 
-    from .commlog import span
-    from .worker import device
-
     rank, world = dist.get_rank(), dist.get_world_size()
     m = A.shape[0]
     rows = equal_parts(m, world, "the world size {k} must divide the {n} rows of A")[rank]
@@ -245,9 +244,6 @@ def chain_worker(W, x0, steps_per_rank: int):
     ``wait`` and ``compute`` show the staircase."""
     import torch
     import torch.distributed as dist
-
-    from .commlog import span
-    from .worker import device
 
     integer_at_least(steps_per_rank, "steps_per_rank")
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -52,11 +52,13 @@ from dataclasses import dataclass, field
 from . import pool as kernel_pool
 from .collect import ask_status, collect, print_outputs
 from .commlog import CommOp, Span, summarize
+from .hang import diagnose
 from .pool import Interrupts
 from .pool import kernel_dir as kernel_dir  # public here too: notebooks import them from launcher
 from .pool import live_worker_pids as live_worker_pids
 from .pool import shutdown as shutdown
 from .protocol import Job
+from .traces import merge_rank_traces
 from .validate import integer_at_least, positive_number
 
 BACKENDS = ("gloo", "nccl")
@@ -331,7 +333,6 @@ def _launch(payload: bytes, plan: RankPlan, timeout: float, record: bool, thread
         others = {r: e.summary for r, e in errors.items() if r != first}
         raise RankError(first, errors[first].summary, errors[first].traceback, others)
     if len(done) < n:
-        from .hang import diagnose
 
         stuck = sorted(set(range(n)) - set(done))
         raise LaunchTimeout(stuck, timeout, texts, diagnose(states, stuck, finished=done))
@@ -344,7 +345,6 @@ def _launch(payload: bytes, plan: RankPlan, timeout: float, record: bool, thread
         times.append((done[r].t_start - t0, done[r].t_end - t0))
     trace_path = None
     if trace_dir is not None:
-        from .traces import merge_rank_traces
 
         trace_path = os.path.join(trace_dir, "trace.json")
         merge_rank_traces({r: done[r].trace for r in range(n)}, trace_path)

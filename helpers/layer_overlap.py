@@ -19,6 +19,7 @@ from __future__ import annotations
 from .commlog import add_span, mark, now, ops_since, span
 from .torch_private import set_unshard_async_op
 from .validate import equal_parts, integer_at_least
+from .worker import device
 
 PREFETCH_WIDTHS = (512, 640, 768, 896, 512)  # four layers whose parameter bytes all differ
 
@@ -84,8 +85,6 @@ def fsdp_prefetch_worker(widths=PREFETCH_WIDTHS, batch: int = 256, steps: int = 
     the step's wall time."""
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
-
-    from .worker import device
 
     payload_layer = {b: i for i, b in enumerate(layer_bytes(widths, dist.get_world_size()))}
     events = {}
@@ -198,8 +197,6 @@ def tp_chain_worker(h: int = 512, ffn: int = 128, tokens: int = 256, layers: int
     """
     import torch
     import torch.distributed as dist
-
-    from .worker import device
 
     rank, world = dist.get_rank(), dist.get_world_size()
     cols = equal_parts(ffn, world, "the tensor-parallel degree {k} does not divide the FFN width {n}")[rank]

@@ -28,6 +28,7 @@ import math
 from dataclasses import dataclass
 
 from .validate import index_below, integer_at_least
+from .worker import device
 
 
 @dataclass(frozen=True)
@@ -223,8 +224,6 @@ def device_mesh_worker(names, sizes) -> dict:
     """
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-
-    from .worker import device
 
     dm = init_device_mesh(device().type, tuple(sizes), mesh_dim_names=tuple(names))
     return {"rank": dist.get_rank(), "coord": dict(zip(names, dm.get_coordinate())),

@@ -22,9 +22,11 @@ another, which gradients share a bucket) are in :mod:`helpers.costs`; FSDP2's pr
 from __future__ import annotations
 
 from .commlog import add_span, mark, now, ops_since, span
+from .costs import bucket_assignment, step_time
 from .data_parallel import make_batches, make_model, rank_rows
 from .torch_private import ddp_logging_data
 from .validate import integer_at_least, positive_number
+from .worker import device
 
 MLP_SIZES = (8, 32, 32, 1)  # the P.6 regression MLP, with a hidden layer more so that buckets differ
 MIB = 1 << 20
@@ -139,8 +141,6 @@ def _train(model, sync, steps, batch, lr, sizes):
     import torch
     import torch.distributed as dist
 
-    from .worker import device
-
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     X, y = (t.to(device()) for t in make_batches(steps, batch, features=sizes[0]))
     mine = rank_rows(batch, dist.get_rank(), dist.get_world_size())
@@ -161,7 +161,6 @@ def hand_ddp_worker(bucket_bytes: int, steps: int = 3, batch: int = 32, lr: floa
     """Train the P.6 MLP with :class:`GradBuckets` (P.6). Returns the final parameters, the last
     step's averaged gradients, ``per_step`` (the bucket sizes each step launched) and
     ``bucket_bytes`` as asked."""
-    from .worker import device
 
     model = make_model(seed, sizes).to(device())
     buckets = GradBuckets(model.parameters(), bucket_bytes, overlap=overlap)
@@ -175,8 +174,6 @@ def ddp_worker(bucket_cap_mb: float | None = None, steps: int = 3, batch: int = 
     all-reduces each step issued (from the communication log); ``rebuilt`` DDP's own account of
     its buckets after the first step (``_get_ddp_logging_data``)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from .worker import device
 
     ddp = DDP(make_model(seed, sizes).to(device()), bucket_cap_mb=bucket_cap_mb)
     out = _train(ddp, lambda m: [o.bytes for o in ops_since(m) if o.op == "all_reduce"], steps, batch, lr, sizes)
@@ -264,8 +261,6 @@ def overlap_timing_worker(width: int = 1024, layers: int = 8, batch: int = 16, b
     import torch
     import torch.distributed as dist
 
-    from .worker import device
-
     integer_at_least(repeats, "repeats")
     torch.manual_seed(seed)
     blocks = []
@@ -313,7 +308,6 @@ def overlap_timing_worker(width: int = 1024, layers: int = 8, batch: int = 16, b
 
 def _buckets_of(model, bucket_bytes):
     """The parameters in backward's order, cut into buckets the way :class:`GradBuckets` fills them."""
-    from .costs import bucket_assignment
 
     params = list(reversed([p for p in model.parameters() if p.requires_grad]))
     cut = bucket_assignment([p.numel() * p.element_size() for p in params], bucket_bytes)
@@ -343,7 +337,6 @@ def timing_table(result) -> list[dict]:
     backward) and communication (the buckets back to back): compute + comm one after the other,
     and with the backward as the window the communication can hide under
     (:func:`helpers.costs.step_time`; max(compute, comm) if the window were all the compute)."""
-    from .costs import step_time
 
     m = result["modes"]
     compute, comm, backward = m["compute"]["forward"] + m["compute"]["backward"], m["comm"]["step"], m["compute"]["backward"]

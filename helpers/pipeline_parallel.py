@@ -35,9 +35,11 @@ from __future__ import annotations
 
 import time
 
+from .commlog import span
 from .costs import layer_forward_flops, layer_params, mlp_forward_flops  # noqa: F401 (12.2.2's worked example)
-from .pipeline_schedule import KINDS, check_schedule, from_records, op_orders, per_stage
+from .pipeline_schedule import KINDS, check_schedule, from_records, handoff_delays, op_orders, per_stage, simulate
 from .validate import equal_parts, integer_at_least, positive_number
+from .worker import device
 
 TORCH_SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
 
@@ -216,7 +218,6 @@ class _RankStages:
         import torch
         import torch.distributed as dist
 
-        from .commlog import span
 
         for kind, c, j, t in sends:
             direction, dst = (0, self._stage(c) + 1) if kind == "F" else (1, self._stage(c) - 1)
@@ -239,7 +240,6 @@ class _RankStages:
         send on (or add the loss), and count the bytes autograd keeps for this micro-batch."""
         import torch
 
-        from .commlog import span
 
         s, rows = self._stage(c), slice(j * self.mb, (j + 1) * self.mb)
         x = self.X[rows] if s == 0 else x.requires_grad_(True)
@@ -265,7 +265,6 @@ class _RankStages:
         only the input and pre-activation gradients) and return the input's gradient."""
         import torch
 
-        from .commlog import span
 
         s, st = self._stage(c), self.state[(c, j)]
         with span("B"):
@@ -289,7 +288,6 @@ class _RankStages:
         """W (B/W split only): the weight gradients from what B kept, dW = dZ^T A and db = sum(dZ)."""
         import torch
 
-        from .commlog import span
 
         st = self.state[(c, j)]
         with span("W"):
@@ -330,8 +328,6 @@ def pipeline_step_worker(
     """
     import torch
     import torch.distributed as dist
-
-    from .worker import device
 
     rank, p = dist.get_rank(), dist.get_world_size()
     if p < 2:
@@ -404,8 +400,6 @@ def measured_vs_simulated(tl) -> dict:
     """
     import statistics
 
-    from .pipeline_schedule import handoff_delays, simulate
-
     st = stage_times(tl)
     w = st["w"] if tl.split_backward else 0.0
     gaps = handoff_delays(tl)
@@ -463,8 +457,6 @@ def torch_pipelining_worker(schedule: str = "1F1B", m: int = 4, n_layers: int = 
     import torch
     import torch.distributed as dist
     from torch.distributed import pipelining as pp
-
-    from .worker import device
 
     if schedule not in TORCH_SCHEDULES:
         raise ValueError(f"schedule must be one of {TORCH_SCHEDULES}, got {schedule!r}")

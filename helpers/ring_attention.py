@@ -26,6 +26,7 @@ import time
 
 import numpy as np
 
+from .commlog import mark, ops_since
 from .ring_core import RingConfig, ring_attention, ring_backward, ring_forward
 from .ring_kernel import (
     BufferMeter,
@@ -54,6 +55,7 @@ from .ring_partition import (
     work_table,
 )
 from .validate import integer_at_least
+from .worker import device
 
 __all__ = [
     # ring_partition
@@ -137,8 +139,6 @@ def ring_attention_worker(s: int, heads: int, d: int, *, scheme: str = "contiguo
     import torch
     import torch.distributed as dist
 
-    from .worker import device
-
     rank, p = dist.get_rank(), dist.get_world_size()
     dt = getattr(torch, dtype)
     q, k, v, dout = make_inputs(s, heads, d, seed, dt)
@@ -198,7 +198,6 @@ def compare_results(results: list[dict], s: int, heads: int, d: int, *, causal: 
 
 def _sent_since(start) -> float:
     """Ring-model bytes this rank sent since the :func:`helpers.commlog.mark` ``start`` (nan outside a job)."""
-    from .commlog import ops_since
 
     return float(sum(o.model_sent for o in ops_since(start))) if start.log is not None else float("nan")
 
@@ -212,9 +211,6 @@ def designs_worker(s: int, heads: int, d: int, *, causal: bool = False, seed: in
     """
     import torch
     import torch.distributed as dist
-
-    from .commlog import mark
-    from .worker import device
 
     rank, p = dist.get_rank(), dist.get_world_size()
     if heads % p:
@@ -293,8 +289,6 @@ def causal_balance_worker(s: int, heads: int, d: int, *, tile: int, schemes=SCHE
     import torch
     import torch.distributed as dist
 
-    from .worker import device
-
     rank, p = dist.get_rank(), dist.get_world_size()
     dt = getattr(torch, dtype)
     q, k, v, _ = make_inputs(s, heads, d, seed, dt)
@@ -334,8 +328,6 @@ def cp_tp_worker(s: int, heads: int, d: int, *, cp: int, tp: int, scheme: str = 
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from .worker import device
-
     if heads % tp:
         raise ValueError(f"tensor parallelism over heads needs tp={tp} to divide heads={heads}")
     dm = init_device_mesh(device().type, (cp, tp), mesh_dim_names=("cp", "tp"))
@@ -373,8 +365,6 @@ def overlap_worker(s: int, heads: int, d: int, *, repeats: int = 5, seed: int = 
     """
     import torch
     import torch.distributed as dist
-
-    from .worker import device
 
     integer_at_least(repeats, "repeats")
     rank, p = dist.get_rank(), dist.get_world_size()

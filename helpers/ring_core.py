@@ -16,6 +16,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
+from .commlog import span
 from .ring_kernel import BufferMeter, acc_dtype, block_backward, block_forward, merge_into, tile_plan, track
 from .ring_partition import SCHEMES, partition_indices
 
@@ -66,7 +67,6 @@ def _positions(n_local, p, cfg):
 
 
 def _span(name):
-    from .commlog import span
 
     return span(name)
 

@@ -23,6 +23,9 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from .amdahl import gustafson_serial_fraction, karp_flatt
+from .commlog import span
+from .launcher import launch
 from .validate import durations, integer_at_least, positive_number
 
 MODES = ("strong", "weak")
@@ -253,7 +256,6 @@ def analyze(times, baseline: float | None = None, mode: str = "strong") -> list[
     serial fraction ``(N - S)/(N - 1)``. ``T_base`` is ``baseline`` if given (the best single-worker
     implementation, which P.4 calls the honest baseline), else ``T(1)``. ``e`` is None at N = 1.
     """
-    from .amdahl import gustafson_serial_fraction, karp_flatt
 
     _mode(mode)
     if not times:
@@ -287,7 +289,6 @@ def karp_flatt_range(t1: float, tn: float, n: int, half_width: float) -> tuple[f
     e = (T(N)/T(1) - 1/N)/(1 - 1/N) grows with T(N) and falls with T(1), so the extremes sit at
     the corners. (P.13's table gives whole seconds: half_width = 0.5.)
     """
-    from .amdahl import karp_flatt
 
     positive_number(half_width, "half_width", allow_zero=True)
     if t1 - half_width <= 0 or tn - half_width <= 0:
@@ -366,8 +367,6 @@ def scaling_worker(tasks: int, size: int, count: int, mode: str = "strong"):
     import torch
     import torch.distributed as dist
 
-    from .commlog import span
-
     rank, world = dist.get_rank(), dist.get_world_size()
     sizes = task_sizes(mode, world, tasks, size)
     runs = []
@@ -395,8 +394,6 @@ def rank_measure(tasks: int = 16, size: int = 100_000, mode: str = "strong", tim
     _mode(mode)
 
     def measure(n: int, count: int) -> list[Trial]:
-        from .launcher import launch
-
         run = launch(scaling_worker, tasks, size, count, mode, world_size=n, quiet=True, record=False, timeout=timeout)
         out = []
         for i in range(count):

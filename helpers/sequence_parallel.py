@@ -23,6 +23,7 @@ from .tensor_parallel import block_inputs
 from .tp_block import BlockConfig, ParallelBlock, as_config, check_tp_shapes, make_block_params
 from .tp_layers import split_seq, tp_rank_size
 from .tp_numpy import check_degree
+from .worker import device
 
 # ---- formulas -------------------------------------------------------------------------------------
 # activation_bytes_per_layer (Korthikanti et al.'s formula, every variant) is helpers.costs' (imported above).
@@ -120,7 +121,6 @@ def activation_memory_worker(cfg: BlockConfig | dict | None = None, s: int = 16,
                              sequence_parallel: bool = False, regather_input: bool = True):
     """:func:`measure_block_activations` on this rank of the launcher's (or torchrun's) world, bf16,
     on this rank's device."""
-    from .worker import device
 
     return measure_block_activations(as_config(cfg), s, b, None, sequence_parallel, regather_input, device=device())
 

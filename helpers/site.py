@@ -32,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import claims, errata
+from . import __version__, claims, errata
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -248,7 +248,6 @@ def page_notebook(nb: dict, section: str, rel: str, parser=None, anchors=None) -
 
 
 def index_page(rows, pages: dict[str, str]) -> str:
-    from . import __version__
 
     counts = {s: (len(claims.for_section(s)), len(errata.for_section(s))) for s, _, _ in rows}
     table = "| section | notebook | what it makes tangible | claims | errata |\n|---|---|---|---|---|\n"

@@ -16,6 +16,8 @@ import argparse
 import re
 from pathlib import Path
 
+from .nbfiles import write
+
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
@@ -167,8 +169,6 @@ def build(out_dir: Path | str | None = None, src_dir: Path | str = NOTEBOOKS, *,
     import shutil
 
     import nbformat
-
-    from .nbfiles import write
 
     src_dir = Path(src_dir)
     out_dir = Path(out_dir) if out_dir is not None else student_dir()

@@ -78,6 +78,7 @@ from .tp_layers import (
     tp_rank_size,
 )
 from .validate import integer_at_least
+from .worker import device
 
 __all__ = [
     # tp_layers
@@ -126,7 +127,6 @@ def tp_block_worker(cfg: BlockConfig | dict | None = None, s: int = 16, b: int =
     ``sync_replicated=False``), and the collectives of the forward and the backward:
     (op, payload bytes, group size).
     """
-    from .worker import device
 
     cfg = as_config(cfg)
     rank, t = tp_rank_size()
@@ -158,8 +158,6 @@ def torch_tp_worker(cfg: BlockConfig | dict | None = None, s: int = 16, b: int =
     """
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import parallelize_module
-
-    from .worker import device
 
     cfg = as_config(cfg)
     rank, t = tp_rank_size()

@@ -31,12 +31,13 @@ from contextlib import contextmanager
 
 import torch
 
-from .commlog import as_tuples, mark, ops_since
+from .commlog import as_tuples, mark, ops_since, span
 from .mesh import Mesh, build_groups
 from .pipeline_parallel import layer_ranges, run_schedule
 from .pipeline_schedule import op_orders
 from .tp_block import BlockConfig, ParallelBlock, make_block_params, reference_block, shard_block_params
 from .validate import integer_at_least
+from .worker import device
 
 SCHEDULES = ("1f1b", "gpipe")
 
@@ -97,7 +98,6 @@ class _StageStep:
         (activations) and m + j (gradients)."""
         import torch.distributed as dist
 
-        from .commlog import span
 
         out = []
         with _recorded(self.comm["pp"]):
@@ -116,7 +116,6 @@ class _StageStep:
         return out
 
     def forward(self, c: int, j: int, x):
-        from .commlog import span
 
         x = self.X[:, self._cols(j)] if self.stage == 0 else x.requires_grad_(True)
         with _recorded(self.comm["tp"]), span("F"):
@@ -130,7 +129,6 @@ class _StageStep:
         return None if self.last else out.detach()
 
     def backward(self, c: int, j: int, g):
-        from .commlog import span
 
         x, out = self.state.pop(j)
         with _recorded(self.comm["tp"]), span("B"):
@@ -150,9 +148,6 @@ def three_d_worker(dp: int = 2, pp: int = 2, tp: int = 2, steps: int = 3, m: int
     schedule's order with :func:`helpers.pipeline_parallel.run_schedule`.
     """
     import torch.distributed as dist
-
-    from .commlog import span
-    from .worker import device
 
     cfg = cfg or default_config()
     check_layout(dp, pp, tp, n_blocks, batch, m, cfg)

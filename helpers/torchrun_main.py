@@ -20,6 +20,8 @@ import json
 import os
 from datetime import timedelta
 
+from . import worker
+
 
 def resolve(target: str):
     """``"package.module:function"`` -> the function (ValueError when it is not of that form)."""
@@ -48,8 +50,6 @@ def main(argv=None):
         parser.error("RANK is not set: start this module with torchrun (see the module docstring)")
     import torch
     import torch.distributed as dist
-
-    from . import worker
 
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))

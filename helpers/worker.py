@@ -40,6 +40,7 @@ import time
 import traceback
 from datetime import timedelta
 
+from .commlog import CommLog, active_log
 from .procfs import process_ended
 from .protocol import Done, Failed, Idle, Job, Output, Ready, Status, StatusQuery
 
@@ -153,7 +154,6 @@ def _library_file(filename: str) -> bool:
 
 
 def _status() -> dict:
-    from .commlog import active_log
 
     out = dict(_STATE)
     log = active_log()
@@ -204,8 +204,6 @@ def _run_job(send, rank, job: Job, store):
     """Run one job; True when this process may serve the next one."""
     import cloudpickle
     import torch.distributed as dist
-
-    from .commlog import CommLog
 
     _STATE.update(phase="unpickling", job=job.job_id)
     try:

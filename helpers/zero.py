@@ -22,8 +22,11 @@ that per reduce-scatter or all-gather (:func:`comm_bytes_per_rank`).
 """
 from __future__ import annotations
 
+from .commlog import span, summarize
+from .data_parallel import rank_rows
 from .memory import tensor_bytes
 from .validate import equal_parts, integer_at_least, one_of
+from .worker import device
 from .zero_hand import (
     ADAMW,
     DEFAULT_SIZES,
@@ -68,9 +71,6 @@ def zero_train_worker(zero_stage: int, steps: int = 3, batch: int = 16, sizes=DE
     """
     import torch
     import torch.distributed as dist
-
-    from .commlog import span
-    from .data_parallel import rank_rows
 
     integer_at_least(micro_batches, "micro_batches")
     if defer_reduce and zero_stage != 2:
@@ -117,10 +117,6 @@ def _train_loop(model, opt, steps, batch, sizes, micro_batches=1, context=None, 
     import torch
     import torch.distributed as dist
 
-    from .commlog import span
-    from .data_parallel import rank_rows
-    from .worker import device
-
     mine = rank_rows(batch, dist.get_rank(), dist.get_world_size())
     X, Y = make_regression(steps * micro_batches, batch, sizes)
     losses = []
@@ -156,8 +152,6 @@ def ddp_reference_worker(steps: int = 3, batch: int = 16, sizes=DEFAULT_SIZES, m
     import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from .worker import device
-
     one_of(precision, "precision", ("fp32", "fp64"))
     dtype = torch.float64 if precision == "fp64" else torch.float32
     model = DDP(make_mlp(sizes, seed, dtype=dtype).to(device()))
@@ -177,8 +171,6 @@ def zero_redundancy_worker(steps: int = 3, batch: int = 16, sizes=DEFAULT_SIZES,
     import torch
     from torch.distributed.optim import ZeroRedundancyOptimizer
     from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from .worker import device
 
     model = DDP(make_mlp(sizes, seed).to(device()))
     opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, **ADAMW)
@@ -208,8 +200,6 @@ def fsdp2_worker(steps: int = 3, batch: int = 16, sizes=DEFAULT_SIZES, seed: int
 
     import torch
     from torch.distributed.fsdp import fully_shard
-
-    from .worker import device
 
     model = make_mlp(sizes, seed).to(device())
     for m in model:
@@ -243,7 +233,6 @@ def per_step_comm(run, rank: int = 0) -> dict:
     Only the collectives issued inside the workers' ``span("step")`` count (DDP's set-up
     broadcasts, for example, do not); totals are divided by the number of steps.
     """
-    from .commlog import summarize
 
     steps = [s for s in run.spans[rank] if s.name == "step"]
     if not steps:
@@ -268,8 +257,6 @@ def identity_worker(numel: int = 1 << 12, seed: int = 0):
     """
     import torch
     import torch.distributed as dist
-
-    from .worker import device
 
     world, rank = dist.get_world_size(), dist.get_rank()
     equal_parts(numel, world, "world size {k} does not divide {n} elements into equal chunks")

@@ -25,6 +25,7 @@ import numpy as np
 from .memory import measure_model_state, tensor_bytes
 from .validate import index_below, integer_at_least, one_of
 from .validate import zero_stage as check_zero_stage
+from .worker import device
 
 DEFAULT_SIZES = (8, 32, 32, 4)  # 288 + 1056 + 132 = 1476 parameters; every layer divides by 1, 2, 3, 4, 6, 12
 ADAMW = {"lr": 1e-2, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 1e-2}
@@ -201,7 +202,6 @@ class HandZero:
         import torch
         import torch.distributed as dist
 
-        from .worker import device
 
         check_zero_stage(zero_stage)
         one_of(precision, "precision", STAGE_PRECISIONS)

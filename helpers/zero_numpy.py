@@ -19,6 +19,7 @@ import math
 import numpy as np
 
 from . import costs
+from .collectives import all_gather, reduce_scatter, ring_allreduce
 from .validate import integer_at_least, positive_number
 from .validate import zero_stage as check_zero_stage
 
@@ -89,7 +90,6 @@ def _lsq_grads(w, Xs, ys):
 
 def ddp_numpy(w0, Xs, ys, steps: int, **adamw):
     """Naive DDP on simulated devices: every device all-reduces (ring) and updates everything."""
-    from .collectives import ring_allreduce
 
     w, m, v = w0.copy(), np.zeros_like(w0), np.zeros_like(w0)
     n_dev = len(Xs)
@@ -105,7 +105,6 @@ def zero1_numpy(w0, Xs, ys, steps: int, **adamw):
     Device d keeps moments only for chunk d (1/M of them). Returns (final w on every device, the
     per-device moment lengths).
     """
-    from .collectives import all_gather, reduce_scatter
 
     n_dev, n = len(Xs), len(w0)
     if n % n_dev:

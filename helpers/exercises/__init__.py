@@ -29,6 +29,9 @@ import numbers
 import os
 import sys
 
+from ..launcher import Run
+from ..pipeline_schedule import simulate
+
 
 class CheckFailed(AssertionError):
     """A check's verdict on an answer; displayed by IPython as its message alone."""
@@ -171,7 +174,6 @@ def _plural(n: int, word: str) -> str:
 def check_run(run, world: int, *, ops: dict | None = None, absent=(), hint: str = "") -> None:
     """``run`` is the Run of a launch on ``world`` ranks in which every rank issued at least
     ``ops[op]`` calls of each ``op`` (its communication log says so) and none of ``absent``."""
-    from ..launcher import Run
 
     require(run, f"the Run that launch returned (a launch on {_plural(world, 'rank')})")
     if not isinstance(run, Run):
@@ -221,7 +223,6 @@ def step_order(run, rank: int) -> str:
 
 def simulated_order(schedule: str, p: int, m: int, device: int) -> str:
     """Device ``device``'s steps in the schedule simulator's timeline (:mod:`helpers.pipeline_schedule`)."""
-    from ..pipeline_schedule import simulate
 
     return "".join(o.kind for o in simulate(schedule, p, m).device_ops(device))
 

@@ -1,6 +1,6 @@
 """Exercise checks for 12.3.1 (sequence parallelism)."""
 from ..costs import activation_bytes_per_layer
-from . import CheckFailed, check_int, check_number, check_run, exercise, reject, require
+from . import CheckFailed, check_int, check_number, check_run, check_true, exercise, reject, require
 
 
 @exercise
@@ -41,7 +41,6 @@ def ex4(block_class):
 
     from .. import costs, recompute
     from ..tp_block import BlockConfig, TorchBlock, make_block_params
-    from . import check_true
 
     if not (isinstance(block_class, type) and issubclass(block_class, TorchBlock)):
         raise CheckFailed(f"expected a subclass of tp.TorchBlock (the class, not an instance), "

@@ -1,6 +1,7 @@
 """Exercise checks for 12.4.1 (rules of thumb for choosing a mix)."""
 from ..costs import ring_bytes_sent
 from ..memory import GB, per_device_bytes
+from ..moe_numpy import dispatch_counts, reference
 from ..pipeline_schedule import bubble_formula
 from . import check_number, check_pipeline_order, check_run, check_true, exercise, reject, require
 
@@ -60,7 +61,6 @@ def ex5(run):
     every rank's communication log: the dispatch and combine all-to-alls carry exactly the rows
     the routing sends (kept copies x h x 8 bytes)."""
     from ..expert_parallel import max_differences, token_all_to_alls
-    from ..moe_numpy import dispatch_counts, reference
 
     require(run, "the Run that launch returns")
     check_true(hasattr(run, "results") and hasattr(run, "comm"), what="a Run from launch",

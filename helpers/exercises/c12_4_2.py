@@ -1,7 +1,9 @@
 """Exercise checks for 12.4.2 (case studies: Llama 3, DeepSeek-V3, Gemma 2)."""
 from fractions import Fraction
 
+from ..costs import moe_all_to_all_sent
 from ..memory import GB
+from ..mesh import Mesh
 from ..pipeline_schedule import min_microbatches
 from . import check_int, check_number, check_run, check_true, exercise, reject
 
@@ -30,7 +32,6 @@ def ex3(answer):
 def ex4(run):
     """hand_groups_worker on the 4D mesh ('dp','pp','cp','tp') = (2,2,2,2), 16 ranks: rank 5's coordinate,
     context-parallel group and the sum all-reduced over it."""
-    from ..mesh import Mesh
 
     check_run(run, 16, ops={"all_reduce": 4}, hint="One all-reduce per dimension of the grid on every rank.")
     for r in range(16):
@@ -49,7 +50,6 @@ def ex4(run):
 @exercise
 def ex5(answer):
     """MB each GPU sends in one DeepSeek-V3 MoE layer's forward dispatch (FP8), one 4096-token sequence, EP 64."""
-    from ..costs import moe_all_to_all_sent
 
     check_number(answer, moe_all_to_all_sent(4096, 8, 7168, 64, 1) / 1e6, what="the dispatch bytes each GPU sends, in MB",
                  hint="Every token goes to 8 experts; a copy to an expert on another GPU leaves it; FP8 is 1 byte per value.")

@@ -1,7 +1,9 @@
 """Exercise checks for P.6 (data parallelism)."""
 import numpy as np
 
+from ..costs import bucket_assignment, step_time
 from ..data_parallel import effective_batch
+from ..overlap import max_diff, ready_order_bytes, reference_training
 from . import CheckFailed, check_int, check_number, check_run, check_true, exercise, reject, require
 
 
@@ -45,7 +47,6 @@ def ex3(run, X, y, w):
 @exercise
 def ex4(answer):
     """Step time with overlap: 300 ms of compute (200 ms of it backward) and a 250 ms all-reduce."""
-    from ..costs import step_time
 
     check_number(answer, step_time(300, 250, 200), what="the step time in ms with the all-reduce overlapping backward",
                  hint="Only the backward can run beside the all-reduce; what it cannot hide adds to the compute.")
@@ -54,8 +55,6 @@ def ex4(answer):
 @exercise
 def ex5(run):
     """A launch of helpers.overlap.hand_ddp_worker on 2 ranks whose steps each issued 3 all-reduces."""
-    from ..costs import bucket_assignment
-    from ..overlap import max_diff, ready_order_bytes, reference_training
 
     require(run, "the Run that launch returned for ov.hand_ddp_worker on 2 ranks")
     if not (hasattr(run, "comm") and hasattr(run, "results") and run.results and isinstance(run.results[0], dict)

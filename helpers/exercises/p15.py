@@ -3,6 +3,7 @@ from fractions import Fraction
 
 from ..memory import GB, per_device_total
 from ..pipeline_schedule import min_microbatches
+from ..planner import book_70b, h100_cluster, plan
 from . import check_int, check_number, check_run, check_true, exercise, reject, require
 
 
@@ -23,7 +24,6 @@ def ex2(answer):
 @exercise
 def ex3(answer):
     """The pipeline degree of the planner's best layout for the 70B on 256 H100s at a global batch of 512."""
-    from ..planner import book_70b, h100_cluster, plan
 
     require(answer, "an integer, the PP of the best layout")
     check_int(answer, plan(book_70b(), h100_cluster(256), 512).best.layout.pp, what="the pipeline degree of the best layout",
