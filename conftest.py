@@ -7,7 +7,7 @@
   environment writes), before the first test and after the last; any difference fails the run and
   is named.
 * **Traces outside the checkout.** The notebooks keep their profiler traces with
-  ``helpers.traces.keep``; under the suite they go to a temporary folder (``WORKBOOK_TRACES``),
+  ``helpers.launcher.traces.keep``; under the suite they go to a temporary folder (``WORKBOOK_TRACES``),
   which the kernels nbval starts inherit.
 * ``WORKBOOK_TEST_TIMELINE=FILE`` appends one JSON line per test (worker, id, start, end, in
   seconds since the epoch) for profiling the suite's schedule; ``benchmarks/suite_timeline.py``

@@ -9,7 +9,7 @@ Prints one `name: value` line per figure:
   fake_405b_16384_cpu_s          the CPU seconds it took (the tracing is single-threaded Python: its wall
                                  time on a quiet machine; wall times here are under other helpers' load)
   fake_405b_16384_full_s         the same with every layer and micro-batch traced (no extrapolation)
-  planner_vs_fake_max_rel_err    over the configurations of helpers.fake_cases (12.1.1 ... P.11):
+  planner_vs_fake_max_rel_err    over the configurations of helpers.fake_world.cases (12.1.1 ... P.11):
                                  the largest |PyTorch / planner - 1| of the per-device peak memory,
                                  the planner told PyTorch's recipe (Rules(activation_model="pytorch"));
                                  target <= 0.10, every larger gap explained in its notebook

@@ -1,6 +1,6 @@
 """Fingerprint of the fake world's results, to check that a speed-up changes nothing it measures.
 
-Runs every case of :func:`helpers.fake_cases.cases` and the other fake-world runs the notebooks
+Runs every case of :func:`helpers.fake_world.cases.cases` and the other fake-world runs the notebooks
 make (12.1.1's BF16 reduction, 12.1.2's ZeRO-1 with 4 micro-batches, 12.3.2's CP-free comparison,
 12.4.1's `check_layouts` of the first calibrated layout without a pipeline and a fixed list of the
 12.4.1 explorer's layouts), and dumps every figure (memory by category at the peak and of each

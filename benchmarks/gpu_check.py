@@ -10,7 +10,7 @@ wall time. Then NCCL's all-reduce per message size: measured time, bus bandwidth
 one fails, 2 when no CUDA device is visible (and no ``--cpu-dry-run``).
 
 The demos are the workers the notebooks run (data parallel, ZeRO-3 and FSDP2, tensor and
-sequence parallel, pipeline, ring attention, 3D); each uses ``helpers.worker.device()``, so the
+sequence parallel, pipeline, ring attention, 3D); each uses ``helpers.launcher.worker.device()``, so the
 only CUDA-specific code here is the device selection and the synchronisation around the timed
 all-reduces, both behind :func:`select`.
 """
@@ -143,7 +143,7 @@ def cpu_and_device_tensors_worker():
     import torch
     import torch.distributed as dist
 
-    from helpers.worker import device
+    from helpers.launcher.worker import device
 
     r = dist.get_rank()
     on_cpu, on_device = torch.full((4,), float(r + 1)), torch.full((4,), float(r + 1), device=device())
@@ -209,7 +209,7 @@ def allreduce_times_worker(sizes_bytes, repeats: int = 10):
     import torch
     import torch.distributed as dist
 
-    from helpers.worker import device
+    from helpers.launcher.worker import device
 
     dev = device()
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)

@@ -107,7 +107,7 @@ def recorder_cost() -> tuple[float, float]:
     import torch.distributed as dist
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from helpers.commlog import CommLog
+    from helpers.launcher.commlog import CommLog
 
     if not dist.is_initialized():
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)

@@ -5,11 +5,11 @@ When a cell runs longer than --stall seconds it prints the state of the kernel a
 process under it (the launcher's forkserver and workers): /proc state and wchan per thread, and
 the Python stacks when py-spy is installed (`pip install py-spy`). With --nudge it then reads
 ZMQ_EVENTS of the client's sockets, which says whether the cell's reply is already waiting there
-(a lost wakeup in the client; helpers.nbexec) and makes zmq.asyncio deliver it.
+(a lost wakeup in the client; helpers.course.nbexec) and makes zmq.asyncio deliver it.
 
   python benchmarks/notebook_cells.py NB [--plain] [--timeout 600] [--stall 60] [--nudge]
 
---plain runs with nbclient's own kernel manager instead of helpers.nbexec.KernelManager, for a
+--plain runs with nbclient's own kernel manager instead of helpers.course.nbexec.KernelManager, for a
 comparison: on a loaded machine, cells with an ipywidgets `interact` then sometimes take exactly
 --timeout seconds and no error. Timings; not a test: quote them with the machine's load.
 """
@@ -26,7 +26,7 @@ import nbformat
 import zmq
 from nbclient import NotebookClient
 
-from helpers.nbexec import KernelManager
+from helpers.course.nbexec import KernelManager
 
 
 def descendants(root: int) -> list[int]:

@@ -2,14 +2,83 @@
 
 Each module serves named sections of the two chapters (see its docstring). Import what you need,
 e.g. ``from helpers.launcher import launch``; importing ``helpers`` itself is cheap.
+
+The folders (README.md, "What is inside", has the map): ``launcher/`` (running a function on
+ranks from a notebook, and the rank side), ``fake_world/`` (one rank of a large job on torch's
+fake process group), ``course/`` (exercises, student editions, the claims ledger, notebook files),
+and one package per concept whose parts read in one sitting (``planner/``, ``tensor_parallel/``,
+``ring_attention/``, ``zero/``, ``failures/``); every other concept is one module here.
+
+Modules that moved into a folder keep their old import path (``helpers.worker`` is
+``helpers.launcher.worker``, the same module object): notebooks, pickled functions and readers'
+own code written against the flat layout keep working. :data:`MOVED` lists them.
 """
-import os as _os
+import importlib
+import importlib.abc
+import importlib.util
+import sys
 
 __version__ = "0.1.0"
 
+# old path under helpers. -> where the module lives now
+MOVED = {
+    "planner_specs": "planner.specs", "planner_assess": "planner.assess", "planner_recipes": "planner.recipes",
+    "tp_layers": "tensor_parallel.layers", "tp_block": "tensor_parallel.block", "tp_costs": "tensor_parallel.costs",
+    "ring_partition": "ring_attention.partition", "ring_kernel": "ring_attention.kernel",
+    "ring_core": "ring_attention.core",
+    "zero_numpy": "zero.reference", "zero_hand": "zero.hand",
+    "failures_numpy": "failures.reference",
+    "pool": "launcher.pool", "worker": "launcher.worker", "collect": "launcher.collect", "hang": "launcher.hang",
+    "commlog": "launcher.commlog", "traces": "launcher.traces", "torchrun_main": "launcher.torchrun_main",
+    "protocol": "launcher.protocol", "procfs": "launcher.procfs",
+    "fake_step": "fake_world.step", "fake_cases": "fake_world.cases", "llama_model": "fake_world.llama_model",
+    "exercises": "course.exercises", "student": "course.student", "claims": "course.claims",
+    "errata": "course.errata", "nbexec": "course.nbexec", "nbfiles": "course.nbfiles", "prose": "course.prose",
+    "readability": "course.readability", "site": "course.site", "doctor": "course.doctor",
+}
+
+
+class _Moved(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds ``helpers.<old>`` (and ``helpers.<old>.<sub>``) of :data:`MOVED` and hands back the module
+    at its new path, so that both names are one module (one set of globals, one class identity)."""
+
+    @staticmethod
+    def _target(fullname: str):
+        head, _, rest = fullname.partition(".")
+        if head != __name__ or not rest:
+            return None
+        first, _, tail = rest.partition(".")
+        return f"{__name__}.{MOVED[first]}" + (f".{tail}" if tail else "") if first in MOVED else None
+
+    def find_spec(self, fullname, path=None, target=None):
+        real = self._target(fullname)
+        if real is None:
+            return None
+        spec = importlib.util.find_spec(real)
+        if spec is None:
+            return None
+        alias = importlib.util.spec_from_loader(fullname, self, origin=spec.origin,
+                                                is_package=spec.submodule_search_locations is not None)
+        alias.submodule_search_locations = spec.submodule_search_locations
+        return alias
+
+    def create_module(self, spec):
+        return importlib.import_module(self._target(spec.name))
+
+    def exec_module(self, module):
+        pass  # already executed under its real name
+
+    def get_code(self, fullname):  # python -m helpers.<old> (runpy asks the loader for the code)
+        real = self._target(fullname)
+        return importlib.util.find_spec(real).loader.get_code(real)
+
+
+if not any(isinstance(f, _Moved) for f in sys.meta_path):
+    sys.meta_path.insert(0, _Moved())
+
 # WORKBOOK_CHECK_FIGURES=1 (the suite sets it): in an IPython kernel, check every figure a cell
-# displays and fail the cell on an unreadable one (helpers/readability.py). Costs nothing otherwise.
-if _os.environ.get("WORKBOOK_CHECK_FIGURES") == "1":
-    from helpers import readability as _readability
+# displays and fail the cell on an unreadable one (helpers/course/readability.py). Costs nothing otherwise.
+if __import__("os").environ.get("WORKBOOK_CHECK_FIGURES") == "1":
+    from .course import readability as _readability
 
     _readability.install_if_asked()

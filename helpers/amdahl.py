@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .commlog import span
 from .efficiency import round_robin_tasks
+from .launcher.commlog import span
 from .validate import durations, integer_at_least
 
 

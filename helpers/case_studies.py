@@ -14,8 +14,8 @@ from fractions import Fraction
 from . import costs
 from .memory import GB
 from .pipeline_schedule import bubble_formula, min_microbatches
-from .planner_assess import Layout, Rules, assess
-from .planner_specs import DATA, Cluster, Model, h100_cluster, hardware
+from .planner.assess import Layout, Rules, assess
+from .planner.specs import DATA, Cluster, Model, h100_cluster, hardware
 
 CONFIGS = DATA / "configs"
 NAMES = ("llama3_405b", "deepseek_v3", "gemma2")

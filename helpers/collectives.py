@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import costs
-from .commlog import span
+from .launcher.commlog import span
+from .launcher.worker import device
 from .validate import integer_at_least, one_of
-from .worker import device
 
 # ---- numpy: the ring, step by step -----------------------------------------------------------
 
@@ -212,7 +212,7 @@ def time_allreduce_worker(sizes_bytes=(1 << 10, 1 << 14, 1 << 18, 1 << 22, 1 << 
     a 4 MB message's bandwidth term, and P.7's fit once found no bandwidth term; the minimum
     stayed within 1.2-2 ms.) float32 messages; one warm-up call per size; the ranks lined up by a
     barrier before each call; on a GPU the device is synchronised before the clock starts and
-    before it stops (:func:`helpers.worker.device` says which).
+    before it stops (:func:`helpers.launcher.worker.device` says which).
     """
     import statistics
     import time

@@ -4,7 +4,7 @@ Every module that needs one of these formulas calls it from here; a module may k
 that says what the payload or the shape is in its section's words (e.g.
 :func:`helpers.tensor_parallel.allreduce_bytes_per_device`), but not the formula.
 
-* **Collectives on a ring** of N ranks, payload S bytes (P.7; what :mod:`helpers.commlog` puts
+* **Collectives on a ring** of N ranks, payload S bytes (P.7; what :mod:`helpers.launcher.commlog` puts
   beside every recorded call): all-reduce sends 2(N-1)/N x S per rank in 2(N-1) steps;
   all-gather, reduce-scatter and all-to-all send (N-1)/N x S in N-1 steps; a send sends S in one
   step. The alpha-beta time is steps x alpha + bytes sent / beta (:func:`alpha_beta_time`); a

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .commlog import span as timed_span  # dag.span is T_inf
+from .launcher.commlog import span as timed_span  # dag.span is T_inf
 from .validate import integer_at_least, positive_number
 
 PRIORITIES = ("order", "longest", "critical")
@@ -466,7 +466,7 @@ def embedding_job_worker(n_chunks: int = 100, embed_s: float = 0.01, merge_s: fl
     """The embedding job on launcher ranks (P.1): rank r embeds chunks r, r+W, r+2W, ...
     (the greedy schedule's assignment when all embeddings take equal time), rank 0 gathers the
     vectors, merges and builds the index. Returns the index on rank 0, None elsewhere; each
-    phase is a :func:`helpers.commlog.span`.
+    phase is a :func:`helpers.launcher.commlog.span`.
     """
     import torch.distributed as dist
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from .launcher.worker import device
 from .memory import measure_model_state
 from .validate import equal_parts, index_below, integer_at_least
-from .worker import device
 
 # ---- numpy: the P.6 example ------------------------------------------------------------------
 

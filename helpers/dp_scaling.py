@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from .costs import step_time
 from .data_parallel import make_batches, make_model, rank_rows
+from .launcher.worker import device
 from .memory import measure_model_state
 from .validate import integer_at_least, positive_number
-from .worker import device
 
 THROUGHPUT_SIZES = (64, 512, 512, 512, 1)
 

@@ -24,10 +24,10 @@ import time
 
 import numpy as np
 
-from .commlog import span
+from .launcher.commlog import span
+from .launcher.worker import device
 from .validate import durations as _durations
 from .validate import integer_at_least as _positive_int
-from .worker import device
 
 # ---- 1. synchronisation: the barrier ---------------------------------------------------------
 

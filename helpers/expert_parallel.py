@@ -16,7 +16,7 @@ router, and its own T tokens. One mixture-of-experts layer (:class:`ExpertParall
 The backward pass is autograd's: :class:`AllToAll`'s backward is the all-to-all with the splits
 swapped (the gradient of a row goes back where the row came from), so the backward also makes two
 token all-to-alls: four per layer and micro-batch, as the planner counts them
-(:func:`helpers.planner_assess.step_time_breakdown`). (``torch.distributed.nn.functional.all_to_all_single``
+(:func:`helpers.planner.assess.step_time_breakdown`). (``torch.distributed.nn.functional.all_to_all_single``
 does the same in torch 2.13; the Function here is short enough to read.)
 
 :func:`moe_single` is the same layer on one process in torch (autograd, no communication);
@@ -33,9 +33,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from . import costs
-from .commlog import as_tuples, mark, ops_since
+from .launcher.commlog import as_tuples, mark, ops_since
+from .launcher.worker import device
 from .moe_numpy import check_layout, problem, reference, token_groups
-from .worker import device
 
 # ---- the all-to-all with its backward ------------------------------------------------------------
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import costs
-from .commlog import span
+from .launcher.commlog import span
 from .validate import index_below
 from .validate import integer_at_least as _int
 from .validate import positive_number as _pos
@@ -188,7 +188,7 @@ def build_decoder(cfg, layers: int, seed: int = 0, dtype=None, group=None) -> li
     """
     import torch
 
-    from .tp_block import ParallelBlock, make_block_params
+    from .tensor_parallel.block import ParallelBlock, make_block_params
 
     if cfg.p_drop != 0:
         raise ValueError("inference runs without dropout: use a BlockConfig with p_drop=0")
@@ -210,7 +210,7 @@ def decode_inputs(cfg, steps: int, batch: int = 1, seed: int = 1, dtype=None):
 def timed_all_reduces(durations: list):
     """Time every all-reduce the tensor-parallel layers issue (appends seconds to ``durations``).
 
-    Wraps :func:`helpers.tp_layers.all_reduce_sum`, the one function through which the
+    Wraps :func:`helpers.tensor_parallel.layers.all_reduce_sum`, the one function through which the
     row-parallel layers all-reduce, for the duration of the ``with`` block. Calls on a group of
     one rank (no communication) are not counted.
     """

@@ -24,9 +24,9 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from .commlog import span
+from .launcher.commlog import span
+from .launcher.worker import device
 from .validate import equal_parts, integer_at_least, positive_number
-from .worker import device
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,10 @@
 """
 from __future__ import annotations
 
-from .commlog import add_span, mark, now, ops_since, span
+from .launcher.commlog import add_span, mark, now, ops_since, span
+from .launcher.worker import device
 from .torch_private import set_unshard_async_op
 from .validate import equal_parts, integer_at_least
-from .worker import device
 
 PREFETCH_WIDTHS = (512, 640, 768, 896, 512)  # four layers whose parameter bytes all differ
 

@@ -27,8 +27,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .launcher.worker import device
 from .validate import index_below, integer_at_least
-from .worker import device
 
 
 @dataclass(frozen=True)

@@ -21,12 +21,12 @@ another, which gradients share a bucket) are in :mod:`helpers.costs`; FSDP2's pr
 """
 from __future__ import annotations
 
-from .commlog import add_span, mark, now, ops_since, span
 from .costs import bucket_assignment, step_time
 from .data_parallel import make_batches, make_model, rank_rows
+from .launcher.commlog import add_span, mark, now, ops_since, span
+from .launcher.worker import device
 from .torch_private import ddp_logging_data
 from .validate import integer_at_least, positive_number
-from .worker import device
 
 MLP_SIZES = (8, 32, 32, 1)  # the P.6 regression MLP, with a hidden layer more so that buckets differ
 MIB = 1 << 20

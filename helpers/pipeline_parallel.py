@@ -4,7 +4,7 @@ Rank ``d`` owns chunk ``c`` = virtual stage ``c*p + d`` (``v`` chunks per rank; 
 one-stage-per-rank pipeline). The ranks run exactly the per-device orders of
 :func:`helpers.pipeline_schedule.op_orders` (GPipe, 1F1B, interleaved 1F1B, ZB-H1) with
 :func:`run_schedule`, the one executor of the workbook's pipelines (:mod:`helpers.three_d`'s and
-:mod:`helpers.fake_step`'s steps run on it too):
+:mod:`helpers.fake_world.step`'s steps run on it too):
 
 * ``F``: receive the activation from the previous stage (``dist.recv``), run the chunk, send the
   output to the next stage (``dist.isend``, not waited for, so no two ranks can block each other);
@@ -19,7 +19,7 @@ Messages are matched by tag (kind, virtual stage, micro-batch), which gloo honou
 tags and matches in issue order; the non-interleaved schedules still match there, because each
 direction between two ranks carries one kind of message in micro-batch order.)
 
-Per-op time is measured with :func:`helpers.commlog.span` (names ``F``, ``B``, ``W``; ``recv`` for
+Per-op time is measured with :func:`helpers.launcher.commlog.span` (names ``F``, ``B``, ``W``; ``recv`` for
 time spent waiting on a receive), so ``helpers.plots.timeline(run)`` draws it and
 :func:`timeline_from_run` turns it into a :class:`helpers.pipeline_schedule.Timeline`, whose bubble
 and makespan are computed by the same code as the simulator's. Stage compute time can be padded
@@ -35,11 +35,11 @@ from __future__ import annotations
 
 import time
 
-from .commlog import span
 from .costs import layer_forward_flops, layer_params, mlp_forward_flops  # noqa: F401 (12.2.2's worked example)
+from .launcher.commlog import span
+from .launcher.worker import device
 from .pipeline_schedule import KINDS, check_schedule, from_records, handoff_delays, op_orders, per_stage, simulate
 from .validate import equal_parts, integer_at_least, positive_number
-from .worker import device
 
 TORCH_SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
 
@@ -139,7 +139,7 @@ def split_backward_linear(x, weight, bias, grad_out):
     return dx, dW, db
 
 
-# ---- the executor: one rank walks its order (here, helpers.three_d, helpers.fake_step) -------------
+# ---- the executor: one rank walks its order (here, helpers.three_d, helpers.fake_world.step) -------------
 
 # the neighbour each op receives its input from and sends its output to: activations flow to the
 # next stage, gradients back to the previous one

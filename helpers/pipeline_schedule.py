@@ -111,7 +111,7 @@ def op_orders(schedule: str, p: int, m: int, v: int = 1) -> list[list[tuple[str,
 
 def one_f_one_b(p: int, m: int, d: int, warm: int | None = None) -> list[tuple[str, int, int]]:
     """Device ``d``'s 1F1B order (``op_orders("1f1b", p, m)[d]``); ``warm`` replaces its warm-up
-    length, ``p - d - 1`` forwards (:mod:`helpers.fake_step`'s step takes it as an argument)."""
+    length, ``p - d - 1`` forwards (:mod:`helpers.fake_world.step`'s step takes it as an argument)."""
     check_schedule("1f1b", p, m)
     index_below(d, "d (device)", p)
     return _one_f_one_b(p, m, d, defer_w=None, warm=warm)

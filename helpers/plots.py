@@ -48,7 +48,7 @@ def timeline(run, ax=None, title: str = "per-rank timeline"):
     """Draw each rank's named spans as bars and its communication calls as ticks.
 
     ``run`` is what :func:`helpers.launcher.launch` returned; spans come from
-    ``helpers.commlog.span`` in the worker. Times are seconds since the first rank started.
+    ``helpers.launcher.commlog.span`` in the worker. Times are seconds since the first rank started.
     Forward/backward spans take :data:`PHASE_COLORS`; the legend sits outside, right of the bars.
     """
     import matplotlib.pyplot as plt
@@ -181,7 +181,7 @@ def lanes(rows: dict, lanes: dict, ax=None, title: str = "", unit: float = 1e3):
     same time is seen side by side instead of hidden under another bar).
 
     ``rows`` maps a label (e.g. "rank 0, overlapped") to {span name: [(start, end), ...]} in
-    seconds, or to a list of :class:`helpers.commlog.Span` (as in ``run.spans[r]``); ``lanes``
+    seconds, or to a list of :class:`helpers.launcher.commlog.Span` (as in ``run.spans[r]``); ``lanes``
     maps a lane label to the span names drawn in it. Times are shown in ms (``unit``). Concurrent
     spans of one lane are drawn half height, alternating, so each stays visible. The legend sits
     outside, right of the bars.
@@ -579,7 +579,7 @@ def _controls_class():
                     raise TypeError("a controls callback must draw on plots.figure(...) and return the "
                                     "figure, not use pyplot (plt.subplots / plt.figure)")
                 if os.environ.get("WORKBOOK_CHECK_FIGURES") == "1":  # the suite checks controls' figures too
-                    from .readability import check
+                    from .course.readability import check
 
                     for fig in figs:
                         check(fig)

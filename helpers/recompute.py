@@ -9,7 +9,7 @@ FLOPs in backward (:data:`POLICIES`, the formulas in :mod:`helpers.costs`):
   5 a s^2 b bytes are not kept, Q, K and V (the core's input) are: 34 s b h;
 * ``"full"``: only the layer's input is kept (2 s b h); backward first runs the layer's forward again.
 
-This module runs :class:`helpers.tp_block.TorchBlock` (the block of 12.2.1 and 12.3.1) under
+This module runs :class:`helpers.tensor_parallel.block.TorchBlock` (the block of 12.2.1 and 12.3.1) under
 ``torch.utils.checkpoint`` (non-reentrant) with each policy (:class:`RecomputeBlock`) and
 measures, on one process (:func:`measure`):
 
@@ -23,7 +23,7 @@ measures, on one process (:func:`measure`):
 
 :func:`compare` sets the three policies beside the formulas; :func:`peak_growth` measures, with
 ``torch.distributed._tools.mem_tracker.MemTracker``, how the peak memory of a step grows with each
-layer added to a stack (the planner's "kept bytes x layers" term, :mod:`helpers.planner_assess`).
+layer added to a stack (the planner's "kept bytes x layers" term, :mod:`helpers.planner.assess`).
 With ``cfg.seed=None`` the block draws its dropout masks from torch's global RNG (as
 ``nn.Dropout`` does): checkpoint's ``preserve_rng_state`` is then what keeps the gradients right.
 """
@@ -37,14 +37,14 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from . import costs
 from .sequence_parallel import SavedActivations, is_layernorm_stat
-from .tp_block import BlockConfig, TorchBlock, as_config, make_block_params, torch_block_grads
+from .tensor_parallel.block import BlockConfig, TorchBlock, as_config, make_block_params, torch_block_grads
 from .validate import integer_at_least, one_of
 
 POLICIES = costs.RECOMPUTE_POLICIES
 
 
 class RecomputeBlock(TorchBlock):
-    """:class:`~helpers.tp_block.TorchBlock` with activation recomputation (one process, t = 1).
+    """:class:`~helpers.tensor_parallel.block.TorchBlock` with activation recomputation (one process, t = 1).
 
     ``policy="full"`` wraps the whole forward in ``checkpoint`` (only the input is kept);
     ``"selective"`` wraps only :meth:`TorchBlock.attention` (the attention core). Non-reentrant
@@ -74,19 +74,19 @@ def _check_shape(cfg: BlockConfig, s: int, b: int) -> tuple[int, int]:
 
 
 def measure_block(block: TorchBlock, s: int, b: int, dtype=torch.bfloat16, rng_seed: int = 0) -> dict:
-    """One forward and backward of ``block`` (a :class:`~helpers.tp_block.TorchBlock`, e.g. a
+    """One forward and backward of ``block`` (a :class:`~helpers.tensor_parallel.block.TorchBlock`, e.g. a
     :class:`RecomputeBlock`, in ``dtype``) on (s, b, h) inputs; returns
 
     ``saved`` (bytes kept for backward at the end of forward: every storage once, parameters
     excluded), ``layernorm_stats`` (its part that is LayerNorm's per-token mean and 1/std, which
     the formula leaves out), ``activations`` (the rest), ``entries`` (shape, dtype, bytes),
     ``forward_flops``, ``backward_flops`` (FlopCounterMode; the recomputation is in backward),
-    ``out``, ``grads`` (in :func:`~helpers.tp_block.make_block_params` names, plus ``"x"``).
+    ``out``, ``grads`` (in :func:`~helpers.tensor_parallel.block.make_block_params` names, plus ``"x"``).
     Inputs and upstream gradient are fixed by ``rng_seed``; so is the global RNG before forward
     (used by the dropout masks when ``cfg.seed is None``); the caller's RNG state is restored.
     """
     if not isinstance(block, TorchBlock):
-        raise TypeError(f"block must be a helpers.tp_block.TorchBlock (or a subclass), got {type(block).__name__}")
+        raise TypeError(f"block must be a helpers.tensor_parallel.block.TorchBlock (or a subclass), got {type(block).__name__}")
     cfg = block.cfg
     s, b = _check_shape(cfg, s, b)
     g = torch.Generator().manual_seed(rng_seed)
@@ -109,7 +109,7 @@ def measure_block(block: TorchBlock, s: int, b: int, dtype=torch.bfloat16, rng_s
 def measure(cfg: BlockConfig | dict | None, s: int, b: int, policy: str, dtype=torch.bfloat16, *,
             preserve_rng_state: bool = True, early_stop: bool = True, rng_seed: int = 0) -> dict:
     """:func:`measure_block` of a :class:`RecomputeBlock` with ``policy`` (weights of
-    :func:`~helpers.tp_block.make_block_params`, seed 0, in ``dtype``)."""
+    :func:`~helpers.tensor_parallel.block.make_block_params`, seed 0, in ``dtype``)."""
     cfg = as_config(cfg)
     block = RecomputeBlock(make_block_params(cfg, 0, dtype), cfg, policy, preserve_rng_state, early_stop)
     return measure_block(block, s, b, dtype, rng_seed)

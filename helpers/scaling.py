@@ -24,8 +24,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from .amdahl import gustafson_serial_fraction, karp_flatt
-from .commlog import span
 from .launcher import launch
+from .launcher.commlog import span
 from .validate import durations, integer_at_least, positive_number
 
 MODES = ("strong", "weak")

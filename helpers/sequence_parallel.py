@@ -19,11 +19,11 @@ import torch
 
 from . import costs
 from .costs import activation_bytes_per_layer  # noqa: F401 (12.3.1's formula, used by the notebook)
+from .launcher.worker import device
 from .tensor_parallel import block_inputs
-from .tp_block import BlockConfig, ParallelBlock, as_config, check_tp_shapes, make_block_params
-from .tp_layers import split_seq, tp_rank_size
+from .tensor_parallel.block import BlockConfig, ParallelBlock, as_config, check_tp_shapes, make_block_params
+from .tensor_parallel.layers import split_seq, tp_rank_size
 from .tp_numpy import check_degree
-from .worker import device
 
 # ---- formulas -------------------------------------------------------------------------------------
 # activation_bytes_per_layer (Korthikanti et al.'s formula, every variant) is helpers.costs' (imported above).

@@ -13,14 +13,14 @@ The pieces are the hand-written ones of the earlier sections:
   sending gradients point to point to the rank with the same (dp, tp) in the neighbouring stage;
 * data parallelism: one all-reduce (sum) of the flattened gradients over the DP group.
 
-Spans ``F``, ``B``, ``recv`` and ``DP all-reduce`` (:func:`helpers.commlog.span`) let
+Spans ``F``, ``B``, ``recv`` and ``DP all-reduce`` (:func:`helpers.launcher.commlog.span`) let
 :func:`helpers.plots.timeline` draw each rank's step.
 
 The loss is the mean squared error over the whole global batch: micro-batch j on replica d
 contributes its sum of squared errors divided by the global element count, so summing the
 gradients over micro-batches and replicas gives exactly the single-process full-batch gradient,
 and plain SGD then gives the same parameters (:func:`reference_training`). Everything runs in
-float64, on CPU ranks (gloo) or one GPU per rank (NCCL) through :func:`helpers.worker.device`.
+float64, on CPU ranks (gloo) or one GPU per rank (NCCL) through :func:`helpers.launcher.worker.device`.
 
 Activations are ``(s, b, h)``, sequence first (as in :mod:`helpers.tensor_parallel`); data
 parallelism and micro-batches split the batch dimension b.
@@ -31,13 +31,13 @@ from contextlib import contextmanager
 
 import torch
 
-from .commlog import as_tuples, mark, ops_since, span
+from .launcher.commlog import as_tuples, mark, ops_since, span
+from .launcher.worker import device
 from .mesh import Mesh, build_groups
 from .pipeline_parallel import layer_ranges, run_schedule
 from .pipeline_schedule import op_orders
-from .tp_block import BlockConfig, ParallelBlock, make_block_params, reference_block, shard_block_params
+from .tensor_parallel.block import BlockConfig, ParallelBlock, make_block_params, reference_block, shard_block_params
 from .validate import integer_at_least
-from .worker import device
 
 SCHEDULES = ("1f1b", "gpipe")
 

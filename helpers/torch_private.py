@@ -15,7 +15,7 @@ moves one, this is the one file to update.
 * :func:`probe` looks up every entry and returns what is missing (``./workbook doctor`` prints it;
   ``tests/test_torch_private.py`` checks each entry on the pinned torch).
 
-The subclasses of ``MemTracker`` and ``_FlopCounterMode`` in :mod:`helpers.fake_step` override and
+The subclasses of ``MemTracker`` and ``_FlopCounterMode`` in :mod:`helpers.fake_world.step` override and
 call private methods of their bases: those methods are listed here under their class (``members``)
 so that the probe and the tests name them when they move.
 """
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 PINNED_TORCH = "2.13.0"  # requirements.txt pins torch==2.13.0
 DOOR = "helpers/torch_private.py"
 FUNCTIONAL_NAMESPACE = "_c10d_functional"  # the op namespace of torch's functional collectives (torch.ops)
-DYNAMO_MODULE = "torch._dynamo"  # what the first op under a TorchDispatchMode imports (helpers.pool preloads it)
+DYNAMO_MODULE = "torch._dynamo"  # what the first op under a TorchDispatchMode imports (helpers.launcher.pool preloads it)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Shared fixtures for the helper tests; the suite's figure check.
 
 ``WORKBOOK_CHECK_FIGURES=1``: every kernel nbval starts (it inherits this environment) checks each
-figure a cell displays with ``helpers.readability`` and fails the cell on an unreadable one (text
+figure a cell displays with ``helpers.course.readability`` and fails the cell on an unreadable one (text
 under 9 px on a laptop, a legend over the data, a hatch, marker or colour the legend leaves out).
 """
 import os

@@ -1,4 +1,4 @@
-"""helpers.commlog's "operations since a point" (mark / ops_since / as_tuples)."""
+"""helpers.launcher.commlog's "operations since a point" (mark / ops_since / as_tuples)."""
 from helpers import commlog
 from helpers.launcher import launch
 
@@ -24,7 +24,7 @@ def _two_phases():
     import torch
     import torch.distributed as dist
 
-    from helpers.commlog import as_tuples, mark, ops_since
+    from helpers.launcher.commlog import as_tuples, mark, ops_since
 
     x = torch.ones(8)
     m0 = mark()
@@ -46,7 +46,7 @@ def _in_a_subgroup():
     import torch
     import torch.distributed as dist
 
-    from helpers.commlog import mark, ops_since
+    from helpers.launcher.commlog import mark, ops_since
 
     sub = dist.new_group([0, 2])  # every rank creates it; ranks 0 and 2 use it
     x = torch.ones(4)

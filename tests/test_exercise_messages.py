@@ -14,10 +14,10 @@ import nbformat
 import pytest
 
 from helpers import exercises
-from helpers.exercises import CheckFailed, NotAnswered, c12_1_2, c12_2_2, p04, p06, p09, p13
+from helpers.course.exercises import CheckFailed, NotAnswered, c12_1_2, c12_2_2, p04, p06, p09, p13
 
 ROOT = Path(__file__).resolve().parents[1]
-MODULES = sorted(p.stem for p in (ROOT / "helpers" / "exercises").glob("[cp]*.py"))
+MODULES = sorted(p.stem for p in (ROOT / "helpers" / "course" / "exercises").glob("[cp]*.py"))
 
 
 def _failure(check, *args) -> CheckFailed:
@@ -58,7 +58,7 @@ def test_an_unexpected_exception_in_a_check_says_the_answer_could_not_be_checked
 def test_every_exercise_check_is_decorated():
     missing = []
     for name in MODULES:
-        mod = importlib.import_module(f"helpers.exercises.{name}")
+        mod = importlib.import_module(f"helpers.course.exercises.{name}")
         for attr in dir(mod):
             if re.fullmatch(r"ex\d+", attr) and not getattr(getattr(mod, attr), "__exercise__", False):
                 missing.append(f"{name}.{attr}")
@@ -73,7 +73,7 @@ def _strings(path: Path):
 
 
 def test_no_hint_or_message_hands_over_a_launch_call():
-    found = [f"{p.name}:{line}: {s!r}" for p in sorted((ROOT / "helpers" / "exercises").glob("*.py"))
+    found = [f"{p.name}:{line}: {s!r}" for p in sorted((ROOT / "helpers" / "course" / "exercises").glob("*.py"))
              for line, s in _strings(p) if "launch(" in s]
     assert not found, "\n".join(found)
 
@@ -98,7 +98,7 @@ def test_none_is_never_an_option_of_a_choice():
 
 @pytest.mark.parametrize("factor", [1e9, 1e-9, 1e3, 1e-3, 2 ** 30, 2 ** -20])
 def test_a_unit_slip_gets_a_hint_about_the_unit(factor):
-    from helpers.exercises import c12_4_2, p08
+    from helpers.course.exercises import c12_4_2, p08
 
     expected = 405e9 * 2 / 128 / 1e9  # 12.4.2 ex. 1, in GB: answered in bytes, MB, KB, GiB's bytes...
     msg = str(_failure(c12_4_2.ex1, expected * factor))
@@ -116,7 +116,7 @@ def test_a_wrong_formula_is_not_called_a_unit_slip():
 
 
 def test_nbval_still_fails_a_failed_check_and_runs_the_cells_after_it(tmp_path):
-    cells = ["from helpers.exercises import p06", "p06.ex2(1.0)\nprint('the rest of ' + 'a check cell')",
+    cells = ["from helpers.course.exercises import p06", "p06.ex2(1.0)\nprint('the rest of ' + 'a check cell')",
              "p06.ex2(None)", "p06.ex2(2.5)", "print('a later cell ran')"]
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
@@ -130,7 +130,7 @@ def test_nbval_still_fails_a_failed_check_and_runs_the_cells_after_it(tmp_path):
     assert re.search(r"FAILED checks.ipynb::Cell 1\b", out) and re.search(r"FAILED checks.ipynb::Cell 2\b", out)
     assert "CheckFailed: not quite" in out and "NotAnswered: not answered yet" in out
     assert "the rest of a check cell" not in out
-    assert "helpers/exercises" not in out, out[out.index("helpers/exercises") - 1500:][:3000]
+    assert "helpers/course/exercises" not in out, out[out.index("helpers/course/exercises") - 1500:][:3000]
 
 
 class _Shell:

@@ -1,10 +1,10 @@
-"""The exercise checks that read a launch's Run (helpers.exercises.check_run): every rank's
+"""The exercise checks that read a launch's Run (helpers.course.exercises.check_run): every rank's
 communication log is read, not only rank 0's. Runs are built by hand (no ranks are launched)."""
 import pytest
 
-from helpers.commlog import CommOp
-from helpers.exercises import check_run
+from helpers.course.exercises import check_run
 from helpers.launcher import RankPlan, Run
+from helpers.launcher.commlog import CommOp
 
 
 def _run(calls_per_rank: list[dict]) -> Run:

@@ -26,7 +26,7 @@ from helpers import sequence_parallel as sp
 from helpers import tensor_parallel as tp
 from helpers import three_d as td
 from helpers import tp_numpy as tn
-from helpers.exercises import (
+from helpers.course.exercises import (
     NotAnswered,
     c12_1_1,
     c12_1_2,

@@ -84,7 +84,7 @@ def test_experts_not_divisible_by_ranks_is_refused_on_the_ranks():
 
 
 def test_exercise_check_reads_the_run_and_its_log(runs):
-    from helpers.exercises import NotAnswered, c12_4_1
+    from helpers.course.exercises import NotAnswered, c12_4_1
 
     asked = dict(tokens=32, experts=16, top_k=4, capacity_factor=1.25, world_size=4, quiet=True)
     c12_4_1.ex5(launch(epl.ep_worker, **asked))

@@ -160,7 +160,7 @@ def test_flops_are_this_ranks_own():
 def test_norm_and_dropout_keep_what_the_gpu_kernels_keep():
     import torch
 
-    from helpers.llama_model import Dropout, RMSNorm
+    from helpers.fake_world.llama_model import Dropout, RMSNorm
 
     torch.manual_seed(0)
     x = torch.randn(2, 5, 8, dtype=torch.float64, requires_grad=True)

@@ -72,13 +72,13 @@ def test_every_message_crosses_a_pipe_by_pickle_unchanged():
         p.Failed(3, "ValueError: boom", "Traceback ...", "run"), p.Idle(3), p.Status(3, {"phase": "running"}),
     ]
     assert [pickle.loads(pickle.dumps(m)) for m in messages] == messages
-    assert all(type(m).__module__ == "helpers.protocol" and type(m).__doc__ for m in messages)
+    assert all(type(m).__module__ == "helpers.launcher.protocol" and type(m).__doc__ for m in messages)
 
 
 def test_the_kernel_side_imports_neither_torch_nor_the_rank_code():
     code = ("import sys\n"
             "from helpers import collect, hang, pool, procfs, protocol\n"
-            "print(sorted(m for m in ('torch', 'helpers.worker') if m in sys.modules))\n")
+            "print(sorted(m for m in ('torch', 'helpers.launcher.worker') if m in sys.modules))\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
@@ -86,7 +86,7 @@ def test_the_kernel_side_imports_neither_torch_nor_the_rank_code():
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads Linux's /proc")
 def test_proc_stat_tells_a_live_process_from_a_zombie_and_a_reaped_one():
-    from helpers.procfs import process_ended, start_ticks
+    from helpers.launcher.procfs import process_ended, start_ticks
 
     assert not process_ended(os.getpid()) and start_ticks(os.getpid()) not in (None, "")
     child = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -191,7 +191,7 @@ def _spans_and_p2p():
     import torch
     import torch.distributed as dist
 
-    from helpers.commlog import span
+    from helpers.launcher.commlog import span
 
     rank = dist.get_rank()
     with span("compute"):

@@ -173,7 +173,7 @@ def _rank_one_skips_the_fifth_all_reduce():
     import torch
     import torch.distributed as dist
 
-    from helpers.commlog import span
+    from helpers.launcher.commlog import span
 
     x = torch.ones(4)
     for _ in range(4):
@@ -207,7 +207,7 @@ def _state(op=None, call=None, counts=None, span=None, where="w, line 1", groups
 
 
 def test_the_diagnosis_names_a_mismatch_a_missing_send_and_a_loop():
-    from helpers.hang import diagnose
+    from helpers.launcher.hang import diagnose
 
     ar = lambda: _state(_Op("all_reduce", 1), "all_reduce", {("0",): 1})
     mismatch = diagnose({0: ar(), 1: ar(), 2: ar(), 3: _state(_Op("all_gather", 1), "all_gather", {("0",): 1})}, range(4))
@@ -446,7 +446,7 @@ def _traced(n):
     import torch
     import torch.distributed as dist
 
-    from helpers.commlog import span
+    from helpers.launcher.commlog import span
 
     with span("compute"):
         x = torch.ones(n) * (dist.get_rank() + 1)

@@ -1,10 +1,10 @@
-"""helpers.nbexec: nbclient's channel notices a reply that arrived just before it sent something.
+"""helpers.course.nbexec: nbclient's channel notices a reply that arrived just before it sent something.
 
 The scene of the stall, staged without a kernel: the client waits for a reply on an asyncio
 DEALER socket; the reply reaches the socket while the event loop is busy; then, before the loop
 looks again, the client sends on the same socket (as nbclient's Output-widget mimic does in an
 ``interact`` cell). With jupyter_client's own channel the reply is then not delivered until the
-poll times out; with :class:`helpers.nbexec.Channel` it is delivered at once.
+poll times out; with :class:`helpers.course.nbexec.Channel` it is delivered at once.
 """
 import asyncio
 import select
@@ -58,7 +58,7 @@ def test_a_reply_that_arrives_before_a_send_is_delivered():
 
 def test_jupyter_clients_own_channel_loses_it():
     # the defect the Channel works around; if this starts failing, jupyter_client or pyzmq has
-    # fixed it and helpers.nbexec can go
+    # fixed it and helpers.course.nbexec can go
     assert not asyncio.run(_reply_after_a_send(AsyncZMQSocketChannel))
 
 

@@ -115,7 +115,7 @@ def test_feedback_shows_each_student_their_score(graded):
 
 def test_feedback_shows_a_failed_check_as_its_message_alone(graded):
     # the mixed copy answered exercise 2 wrong: its feedback says why, and shows nothing of the check's
-    # code (the traceback showed helpers/exercises/p06.py's line holding the expected 4 * 20 / 32)
+    # code (the traceback showed helpers/course/exercises/p06.py's line holding the expected 4 * 20 / 32)
     html = graded["feedback"]["mixed"]
     assert "CheckFailed: not quite: the loss scale" in html and "NotAnswered: not answered yet" in html
-    assert "helpers/exercises" not in html and "most recent call last" not in html
+    assert "helpers/course/exercises" not in html and "most recent call last" not in html

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted(p for p in (ROOT / "notebooks").rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
 MAX_LINE = 115  # longer lines scroll sideways in a laptop's notebook area with the file browser open
 MAX_FIGURE_PX = 1150  # shown at >= 80 % of its size in the ~930 px output area of a 1366 px window
-FIX = "run ./workbook refresh (or: python -m helpers.nbfiles NOTEBOOK) after executing a notebook"
+FIX = "run ./workbook refresh (or: python -m helpers.course.nbfiles NOTEBOOK) after executing a notebook"
 
 
 def test_pre_save_hook_drops_the_python_version():

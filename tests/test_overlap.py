@@ -202,7 +202,7 @@ def test_train_epochs_counts_steps_and_reports_divergence():
 
 
 def test_busy_together_counts_the_union_once():
-    from helpers.commlog import Span
+    from helpers.launcher.commlog import Span
 
     spans = [Span("compute", 0, 4), Span("compute", 6, 8), Span("all-reduce", 3, 7), Span("all-reduce", 3.5, 5)]
     assert lo.busy_together(spans) == pytest.approx(1 + 1)  # [3, 4] and [6, 7]
@@ -212,7 +212,7 @@ def test_busy_together_counts_the_union_once():
 # ---- P.6's exercises 4 and 5 ------------------------------------------------------------------
 
 def test_exercise_checks_accept_the_answer_and_name_what_is_wrong(capsys):
-    from helpers.exercises import NotAnswered, p06
+    from helpers.course.exercises import NotAnswered, p06
 
     p06.ex4(350)
     with pytest.raises(AssertionError, match="off by more than"):

@@ -1,5 +1,5 @@
 """The package installs whole: a wheel built from pyproject.toml holds every helper module,
-helpers.exercises included, and each imports from the installed copy, outside the source tree."""
+helpers.course.exercises included, and each imports from the installed copy, outside the source tree."""
 import os
 import shutil
 import subprocess
@@ -32,7 +32,7 @@ def test_a_built_wheel_installs_every_helper_module(tmp_path):
     subprocess.run(pip + ["install", "--no-deps", "--no-index", "--target", str(site), str(wheel)],
                    check=True, timeout=300, cwd=tmp_path)
     modules = _modules()
-    assert "helpers.exercises.p01" in modules and "helpers.costs" in modules
+    assert "helpers.course.exercises.p01" in modules and "helpers.costs" in modules
     # -S: no site processing, so the editable install of this checkout cannot answer the imports;
     # the installed copy comes first on the path, then this environment's packages (torch, numpy)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), sysconfig.get_paths()["purelib"]])}

@@ -1,6 +1,6 @@
 """Issue 29, point 1: every figure a notebook's text states is supported by its stored outputs, or
 marked as the chapter's (with its ledger row), as an input the code holds, or as a sourced fact
-(helpers/prose.py says how). A changed output that leaves a sentence stale fails here."""
+(helpers/course/prose.py says how). A changed output that leaves a sentence stale fails here."""
 import json
 
 import pytest

@@ -1,4 +1,4 @@
-"""helpers.readability: each rule caught on a figure built to break it, a clean figure passes,
+"""helpers.course.readability: each rule caught on a figure built to break it, a clean figure passes,
 and the IPython hook fails a cell that shows an unreadable figure."""
 from __future__ import annotations
 

@@ -162,7 +162,7 @@ def test_bad_input_is_rejected():
 def test_exercise_check_tells_selective_from_full_and_none(capsys):
     from torch.utils.checkpoint import checkpoint
 
-    from helpers.exercises import c12_3_1
+    from helpers.course.exercises import c12_3_1
 
     class Selective(tb.TorchBlock):
         def attention(self, qkv):

@@ -199,7 +199,7 @@ def test_the_bug_form_asks_for_the_doctors_output():
 
 def test_doctor_reports_this_environment():
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    out = subprocess.run([sys.executable, "-m", "helpers.doctor"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "helpers.course.doctor"], capture_output=True, text=True,
                          timeout=120, cwd=ROOT, env=env)
     text = out.stdout
     lines = text.splitlines()
@@ -255,7 +255,7 @@ def test_doctor_without_torch_says_so():
 
 
 def test_torchrun_backend_choice_and_no_options():
-    from helpers.torchrun_main import pick_backend
+    from helpers.launcher.torchrun_main import pick_backend
 
     assert pick_backend(0, 1) == "gloo" and pick_backend(8, 8) == "nccl" and pick_backend(4, 8) == "gloo"
     with pytest.raises(SystemExit) as exc:

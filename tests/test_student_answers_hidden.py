@@ -1,7 +1,7 @@
 """A student never sees the answer (issue 25): every exercise of every student edition, run in a
 real kernel once with its blank stub and once with a wrong answer, displays its check's message and
 nothing that gives the answer away: no expected value, no line of the instructor's solution, no
-traceback, nothing of ``helpers/exercises``.
+traceback, nothing of ``helpers/course/exercises``.
 
 The expected values are the instructor's: the solution cells of the exercises whose answer is a
 value (not a launch) are executed in the same kernel and their answers read back; their printed
@@ -32,7 +32,7 @@ from nbclient import NotebookClient
 from helpers import nbexec, student
 
 NOTEBOOKS = student.notebook_paths()
-FORBIDDEN = ("Traceback", "helpers/exercises")
+FORBIDDEN = ("Traceback", "helpers/course/exercises")
 WRONG_RUN = '__import__("sys").modules["_answers_hidden"].run'
 
 

@@ -136,6 +136,6 @@ def test_every_student_edition_first_check_says_not_answered(path, one_kernel):
     assert [i for i, _ in errors] == [3], [(i, e.ename, e.evalue) for i, e in errors]
     err = errors[0][1]
     assert err.ename == "NotAnswered" and "not answered yet" in err.evalue, (err.ename, err.evalue)
-    assert _shows_only_its_message(err), err.traceback  # nothing of helpers/exercises, no traceback
+    assert _shows_only_its_message(err), err.traceback  # nothing of helpers/course/exercises, no traceback
     assert nb.cells[2].outputs == [] or all(o.output_type != "error" for o in nb.cells[2].outputs)
     assert [o.get("text") for o in nb.cells[4].outputs] == ["the next cell ran\n"]

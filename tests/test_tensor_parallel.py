@@ -154,7 +154,7 @@ def _subgroup_worker(cfg, s, b, sequence_parallel):
     import torch.distributed as dist
 
     from helpers import tensor_parallel as tp
-    from helpers.commlog import active_log
+    from helpers.launcher.commlog import active_log
 
     r = dist.get_rank()
     groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]

@@ -15,12 +15,12 @@ import pytest
 import torch
 
 from helpers.data_parallel import train_single
-from helpers.torchrun_main import resolve
+from helpers.launcher.torchrun_main import resolve
 
 
 def test_torchrun_runs_a_workbook_worker():
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "-m", "helpers.torchrun_main", "helpers.collectives:ring_check_worker", "--kwargs", '{"numel": 64}']
+           "-m", "helpers.launcher.torchrun_main", "helpers.collectives:ring_check_worker", "--kwargs", '{"numel": 64}']
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "backend=gloo device=cpu world_size=2 (torchrun)" in out.stdout
@@ -29,7 +29,7 @@ def test_torchrun_runs_a_workbook_worker():
 
 
 def test_without_torchrun_it_says_how_to_start():
-    out = subprocess.run([sys.executable, "-m", "helpers.torchrun_main", "helpers.collectives:ring_check_worker"],
+    out = subprocess.run([sys.executable, "-m", "helpers.launcher.torchrun_main", "helpers.collectives:ring_check_worker"],
                          capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
     assert out.returncode == 2 and "start this module with torchrun" in out.stderr
 

@@ -1,4 +1,4 @@
-"""helpers.traces beyond the merge (issue 17, point 4): calls per rank by name, the rank check, keeping
+"""helpers.launcher.traces beyond the merge (issue 17, point 4): calls per rank by name, the rank check, keeping
 a trace beside a notebook. The merge itself is tested with the launcher (test_launcher_faults.py)."""
 import json
 

@@ -1,6 +1,6 @@
 """The static site of ``./workbook site`` in a real browser (issue 28, points 1-2).
 
-Builds the whole site once (``python -m helpers.site --out <tmp>``; about 20 s here, under 60 s
+Builds the whole site once (``python -m helpers.course.site --out <tmp>``; about 20 s here, under 60 s
 required), then opens every page from ``file://`` in headless Chromium at 1366 x 768 with every
 request that is not a file of the site routed to a failure, and checks: no console error, no
 request leaving the site, every image decodes (and every figure is not blank), every internal link
@@ -40,7 +40,7 @@ def site(tmp_path_factory):
                     f"{SITE_REQUIREMENTS.relative_to(ROOT)}")
     out = tmp_path_factory.mktemp("site") / "site"
     started = time.monotonic()
-    res = subprocess.run([sys.executable, "-m", "helpers.site", "--out", str(out)], cwd=ROOT,
+    res = subprocess.run([sys.executable, "-m", "helpers.course.site", "--out", str(out)], cwd=ROOT,
                          capture_output=True, text=True, timeout=300)
     seconds = time.monotonic() - started
     assert res.returncode == 0, res.stderr[-3000:]

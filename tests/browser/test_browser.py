@@ -560,7 +560,7 @@ def test_a_saved_notebook_reopens_with_working_controls(page, lab):
     page.wait_for_function(RAN, arg=need, timeout=180_000, polling=300)
     _wait(lambda: page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .widget-inline-hbox").count() > 0, 30)
     page.evaluate("async () => { await window.__wb.context.save(); }")  # what autosave does
-    from helpers.nbfiles import RUN_NOTE
+    from helpers.course.nbfiles import RUN_NOTE
 
     stored = json.loads(path.read_text())
     assert not any("application/vnd.jupyter.widget-view+json" in (o.get("data") or {})

@@ -1,0 +1,450 @@
+"""The chapters' scale with PyTorch's own code: one rank of a fake world of up to 16,384 ranks,
+on one CPU (12.1.1, 12.1.2, 12.2.1, 12.3.1, 12.3.2, 12.4.1, 12.4.2, P.11).
+
+:func:`simulate` runs one training step of rank r of a W-rank job, as PyTorch would run it on a
+GPU cluster, in this one process, and returns what that rank holds, sends and computes
+(:class:`FakeStep`):
+
+* the process group is torch's ``"fake"`` backend (:func:`fake_world`): one process plays rank r
+  of W; every collective is dispatched (so it is recorded with its group and shapes) but moves
+  no data;
+* tensors are ``FakeTensorMode`` tensors: shapes, dtypes and devices, no storage; a 405B model's
+  stage costs no memory;
+* the step is :mod:`helpers.fake_world.step`'s: a Llama-style decoder (:mod:`helpers.fake_world.llama_model`, dims
+  from the planner's :class:`~helpers.planner.Model`) parallelised with ``init_device_mesh``,
+  ``parallelize_module`` (+ sequence parallelism), ``fully_shard`` / ``replicate`` (ZeRO 0-3, see
+  that module for which API stands for which stage), K/V all-gather context parallelism, a
+  pipeline stage with only its own layers in 1F1B order, BF16 compute with FP32 master state,
+  forward, backward and the AdamW step;
+* measured with ``MemTracker`` (peak bytes by category), :class:`helpers.launcher.commlog.CommLog` (every
+  collective and send/recv with payload and ring-model bytes; its counts agree with PyTorch's
+  ``CommDebugMode``, a test checks) and ``FlopCounterMode``.
+
+Values are meaningless under fake tensors; shapes, counts and bytes are exact, and the tests
+check them equal to real gloo ranks running the same code with real tensors.
+
+**Context parallelism**: torch's ``context_parallel`` (``torch.distributed.tensor.experimental``)
+replaces only the CUDA attention kernels (flash, efficient, cuDNN); the CPU kernel these fake
+tensors run is not among them, so it would silently compute local attention. The model instead
+all-gathers K and V over the CP group itself, as Llama 3 did, with torch's functional
+collectives: memory and traffic are those of the mechanism; the load-balanced causal mask is not
+applied (values are meaningless here anyway).
+
+**Tracing cost, and what is extrapolated** (a trace costs about 0.1-0.3 s per layer forward or
+backward per micro-batch here, whatever the layer's size). Identical layers give identical
+per-layer figures, so ``trace_layers=k`` (k >= 2: FSDP holds two layers' weights at once, one
+prefetched) traces the stage with k, k + 1 and k + 2 layers, checks that the peak of each phase
+(forward, backward, optimizer step) lies on a line in every category (else it moves the window up:
+the peak may still be moving from one point of the step to another) and extrapolates every figure
+(each phase's peak by category, every collective's count and bytes, FLOPs) linearly to the
+stage's real layer count; the step's peak is the largest phase's. Of a long run of steady 1F1B
+iterations (or of gradient-accumulation micro-batches without a pipeline) three are traced; the
+others repeat the second one's communication and FLOPs. The 1F1B warm-up (stage s of PP holds
+PP - s micro-batches at the peak) is traced whole: extrapolating it from shorter warm-ups was exact
+on small models and 0.8% low on Llama 3 405B's first stage. The extrapolations are exact when
+each phase's peak stays at the same point of the schedule; the tests check them equal to a trace
+of everything. Extrapolation is used only where it costs less than one trace of everything
+(``extrapolate="always"`` forces it). A configuration that would still trace more than
+``max_layer_passes`` layer passes is refused, with the way out (``trace_layers``).
+
+**Measurement caveats handled here** (each measured on this machine): ``MemTracker`` counted the
+tensors of DTensor's sharding propagation under an outer ``FakeTensorMode`` (a whole unsharded
+copy of the model during a foreach optimizer step), the received-gradient buffers kept by
+``FlopCounterMode``'s module tracker, a leaf input kept alive by its ModTracker hooks, gloo's
+scratch on its own threads and a CPU kernel's internal scratch; :mod:`helpers.fake_world.step` says
+how each is avoided.
+"""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+
+from .. import torch_private, validate
+from ..launcher.commlog import ring_bytes_sent
+from ..planner import Layout, Model
+from ..torch_private import PINNED_TORCH  # noqa: F401 (helpers.fake_world.PINNED_TORCH, as before)
+
+MAX_LAYER_PASSES = 300  # default refusal limit
+SECONDS_PER_PASS = 0.15  # one layer's forward or backward for one micro-batch, traced (2-core machine, under load)
+PASSES_PER_TRACE = 15  # a trace's own cost (building the stage, its optimizer's first step) in layer passes
+
+
+def fake_store_class():
+    """torch's ``FakeStore`` (private: ``torch.testing._internal.distributed.fake_pg``; through
+    :mod:`helpers.torch_private`, which says what moved if the installed torch lacks it)."""
+    return torch_private.get("FakeStore")
+
+
+@contextmanager
+def fake_world(world_size: int, rank: int = 0):
+    """Make this process rank ``rank`` of a fake ``world_size``-rank process group; torn down on exit,
+    also on error. Refuses to run if a process group is already initialised here (a real job's
+    ranks must not be replaced by a fake one)."""
+    import torch.distributed as dist
+
+    world_size = validate.integer_at_least(world_size, "world_size")
+    rank = validate.integer_at_least(rank, "rank", 0)
+    if rank >= world_size:
+        raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+    if dist.is_initialized():
+        raise RuntimeError("a process group is already initialised in this process: the fake world runs only "
+                           "in a process without one (e.g. the notebook kernel, not inside a launched rank)")
+    FakeStore = fake_store_class()
+    _clear_dtensor_caches()
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+        _clear_dtensor_caches()
+
+
+def _clear_dtensor_caches():
+    """DTensor caches sharding decisions keyed by specs whose meshes compare equal across worlds;
+    a cached entry from an earlier (destroyed) world would name its dead process groups."""
+    torch_private.clear_dtensor_caches()
+
+
+# ---- the layout, checked before anything is traced ------------------------------------------------
+
+def uneven_stages(layers: int, pp: int) -> list:
+    """Llama 3's uneven pipeline: one layer fewer on the first and the last stage (they also hold
+    the embedding and the output head). 126 layers on 16 stages: [7, 8 x 14, 7]."""
+    validate.integer_at_least(pp, "pp", 3)
+    if (layers + 2) % pp:
+        raise ValueError(f"layers + 2 = {layers + 2} must be a multiple of PP = {pp} for one layer fewer on the first and last stage")
+    k = (layers + 2) // pp
+    return [k - 1] + [k] * (pp - 2) + [k - 1]
+
+
+def check(model: Model, layout: Layout, world_size: int | None = None, stages=None) -> list:
+    """Every constraint the fake world needs, as a ValueError naming it; returns the layer count
+    of each pipeline stage."""
+    if not isinstance(model, Model):
+        raise TypeError(f"model must be a helpers.planner.Model, got {type(model).__name__}")
+    if not isinstance(layout, Layout):
+        raise TypeError(f"layout must be a helpers.planner.Layout, got {type(layout).__name__}")
+    degrees = {"DP": layout.dp, "TP": layout.tp, "PP": layout.pp, "CP": layout.cp}
+    if world_size is not None:
+        validate.product_is(degrees, validate.integer_at_least(world_size, "world_size"), "the world size")
+    if model.experts or model.attention_params:
+        raise ValueError("only dense decoders with standard attention are built (no experts, no latent attention)")
+    if layout.ep > 1 or layout.v > 1:
+        raise ValueError("expert parallelism (ep > 1) and interleaved stages (v > 1) are not simulated")
+    if layout.recompute not in ("none", "full"):
+        # refused, never traced as "none": the planner's "selective" is Korthikanti's formula, which
+        # the traced step does not apply (checkpointing chosen ops is not built yet)
+        raise ValueError(f"recompute={layout.recompute!r} is not traced: the fake world runs recompute='none' "
+                         "or 'full' (selective recomputation exists only as the planner's formula)")
+    t = layout.tp
+    validate.divides(t, model.heads, "TP must divide the attention heads")
+    validate.divides(t, model.kv, "TP must divide the KV heads")
+    validate.divides(t, model.ffn, "TP must divide the FFN width")
+    if model.vocab:
+        validate.divides(t, model.vocab, "TP must divide the vocabulary")
+    if layout.cp > 1:
+        validate.divides(2 * layout.cp, model.seq_len, "2 x CP must divide the sequence (load-balanced chunks)")
+    local = model.seq_len // layout.cp
+    if layout.sequence_parallel and t > 1:
+        validate.divides(t, local, "TP must divide each CP rank's sequence (sequence parallelism)")
+    if stages is None:
+        validate.divides(layout.pp, model.layers, "PP must divide the layers (or give stages=..., e.g. uneven_stages)")
+        stages = [model.layers // layout.pp] * layout.pp
+    stages = [validate.integer_at_least(n, "layers of a stage") for n in stages]
+    if len(stages) != layout.pp or sum(stages) != model.layers:
+        raise ValueError(f"stages must give PP = {layout.pp} layer counts summing to the {model.layers} layers, got {stages}")
+    return stages
+
+
+# ---- the result ------------------------------------------------------------------------------------
+
+@dataclass
+class FakeStep:
+    """What one rank holds, sends and computes in one training step (bytes, FLOPs, seconds).
+
+    ``memory``: bytes at the peak by category (parameters, gradients, optimizer, activations,
+    temporaries, other) and ``total``; ``held``: bytes held after the optimizer step (the model
+    state between steps); ``comm``: one row per collective kind and mesh axis (dp, tp, cp, pp,
+    dp_cp) with the group size, calls, payload bytes and ring-model bytes sent; ``flops``: FLOPs of the step on this rank; ``wall_s``: seconds the
+    simulation took (every trace together); ``per_layer`` and ``per_layer_comm`` (with
+    ``trace_layers``): what one more layer of the stage adds to each memory category at the peak,
+    and to the step's collectives (the rows that change)."""
+
+    model: str
+    layout: str
+    world_size: int
+    rank: int
+    coords: dict
+    stage_layers: int
+    layers_traced: tuple
+    micro_batches: int
+    micro_batches_traced: int
+    memory: dict
+    held: dict
+    comm: list
+    flops: float
+    wall_s: float
+    notes: list = field(default_factory=list)
+    per_layer: dict | None = None
+    per_layer_comm: list | None = None
+
+    @property
+    def peak_bytes(self) -> float:
+        return self.memory["total"]
+
+    def comm_by_kind(self, axis: str | None = None) -> dict:
+        """kind -> {calls, bytes, model_sent} summed over the mesh axes (or on ``axis`` only),
+        leaving out groups of one rank (which send nothing)."""
+        out = {}
+        for r in self.comm:
+            if r["group_size"] < 2 or (axis is not None and r["axis"] != axis):
+                continue
+            row = out.setdefault(r["kind"], {"calls": 0, "bytes": 0, "model_sent": 0.0})
+            for k in ("calls", "bytes", "model_sent"):
+                row[k] += r[k]
+        return out
+
+    def bytes_sent(self) -> float:
+        """Ring-model bytes this rank sends in the step (P.7's cost of each collective; sends exact)."""
+        return sum(r["model_sent"] for r in self.comm)
+
+
+def comm_rows(ops) -> list:
+    """(kind, payload bytes, group size, mesh axis) of each call -> rows per (kind, axis, group size)."""
+    rows = {}
+    for kind, nbytes, g, axis in ops:
+        row = rows.setdefault((kind, axis, g), {"kind": kind, "axis": axis, "group_size": g, "calls": 0, "bytes": 0,
+                                                "model_sent": 0.0})
+        row["calls"] += 1
+        row["bytes"] += nbytes
+        row["model_sent"] += ring_bytes_sent(kind, nbytes, g)
+    return [rows[k] for k in sorted(rows)]
+
+
+# ---- running it ------------------------------------------------------------------------------------
+
+def _micro_batches(layout, global_batch, micro_batches) -> int:
+    if micro_batches is not None:
+        return validate.integer_at_least(micro_batches, "micro_batches")
+    if global_batch is not None:
+        validate.divides(layout.dp * layout.micro_batch, validate.integer_at_least(global_batch, "global_batch"),
+                         "DP x micro-batch must divide the global batch")
+        return global_batch // (layout.dp * layout.micro_batch)
+    return layout.pp
+
+
+def _warm(layout, stage_index, m):
+    return min(layout.pp - stage_index - 1, m)
+
+
+@dataclass(frozen=True)
+class TracePlan:
+    """What :func:`simulate` will trace for one rank: its stage, the stage's layers, the layer
+    counts traced, the 1F1B warm-up lengths traced (one: the stage's own, traced whole), the
+    steady 1F1B iterations traced (of ``micro_batches - warm-up``), and the layer passes (forward
+    or backward of one layer for one micro-batch) all the traces cost together."""
+
+    stage: int
+    layers: int
+    layer_counts: tuple
+    warmups: tuple
+    steady: int
+    micro_batches: int
+    passes: int
+
+    def traced_micro_batches(self, warm: int) -> int:
+        return warm + self.steady
+
+
+def plan_trace(model, layout, stages, rank, m, trace_layers, extrapolate: bool = True) -> TracePlan:
+    """Which traces :func:`simulate` runs (module docstring: ``trace_layers`` and warm-ups).
+    ``extrapolate``: True, where it costs less than tracing everything; "always"; or False, one
+    trace of every layer and micro-batch."""
+    from .step import coords
+
+    s = coords(rank, layout)["pp"]
+    n = stages[s]
+    w = _warm(layout, s, m)
+    if extrapolate not in (True, False, "always"):
+        raise ValueError(f"extrapolate must be True, False or 'always', got {extrapolate!r}")
+    if trace_layers is not None:
+        if not extrapolate:
+            raise ValueError("trace_layers needs extrapolate=True")
+        validate.integer_at_least(trace_layers, "trace_layers", 2)
+    if not extrapolate:
+        return TracePlan(s, n, (n,), (w,), m - w, m, 2 * n * m)
+    k = trace_layers
+    counts = (n,) if k is None or k + 2 >= n else (k, k + 1, k + 2)
+    # the 1F1B warm-up is traced whole: a shorter one extrapolated in the micro-batches in flight
+    # was exact on small models but 0.8-2.5% low on Llama 3 405B's first stage (the backward
+    # phase's peak does not grow linearly from warm-ups of 1-3 to 15)
+    warms = (w,)
+    steady = min(m - w, 3)
+    passes = 2 * sum(c * (w + steady) for c in counts)
+    traces = len(counts)
+    if extrapolate != "always" and passes + PASSES_PER_TRACE * (traces - 1) >= 2 * n * m:
+        return TracePlan(s, n, (n,), (w,), m - w, m, 2 * n * m)  # extrapolating would not be cheaper
+    return TracePlan(s, n, counts, warms, steady, m, passes)
+
+
+def _one_trace(model, layout, stages, plan, n_layers, warm, dropout, reduce_dtype, meshes):
+    """Trace the plan's stage with ``n_layers`` layers, warm-up ``warm`` and the plan's steady
+    iterations; communication and FLOPs with all the steady iterations of the real schedule
+    (the ones not traced are copies of the second one)."""
+    from .step import measured_step
+
+    mt = plan.traced_micro_batches(warm)
+    extra = (plan.micro_batches - _warm(layout, plan.stage, plan.micro_batches)) - plan.steady
+    st = list(stages)
+    st[plan.stage] = n_layers
+    sub = replace(model, layers=sum(st), n_params=0.0)
+    r = measured_step(sub, layout, st, mt, fake=True, dropout=dropout, boundaries=extra > 0, warm=warm,
+                      reduce_dtype=reduce_dtype, meshes=meshes)
+    ops, flops = list(r["ops"]), r["flops"]
+    if extra > 0:
+        idx = {(k, i): j for j, (k, i, _, _) in enumerate(r["marks"])}
+        a, b = r["marks"][idx[("F", warm + 1)]], r["marks"][idx[("F", warm + 2)]]
+        ops += ops[a[2]:b[2]] * extra
+        flops += (b[3] - a[3]) * extra
+    return {"memory": r["peak"], "phases": r["phases"], "held": r["held"], "comm": comm_rows(ops), "flops": flops,
+            "coords": r["coords"]}
+
+
+def _line(a, b, x0, x):
+    """Value at x on the line through (x0, a) and (x0 + 1, b); integers stay integers."""
+    v = a + (x - x0) * (b - a)
+    return round(v) if isinstance(a, int) and isinstance(b, int) else v
+
+
+def _comm_line(ca, cb, x0, x):
+    ka = {(r["kind"], r["axis"], r["group_size"]): r for r in ca}
+    kb = {(r["kind"], r["axis"], r["group_size"]): r for r in cb}
+    zero = {"calls": 0, "bytes": 0, "model_sent": 0.0}
+    out = []
+    for key in sorted(set(ka) | set(kb)):
+        x1, y1 = ka.get(key, zero), kb.get(key, zero)
+        out.append({"kind": key[0], "axis": key[1], "group_size": key[2], **{f: _line(x1[f], y1[f], x0, x) for f in zero}})
+    return out
+
+
+def _collinear(a, b, c) -> bool:
+    """Whether three traces' peaks lie on a line: each phase's (forward, backward, optimizer) peak,
+    every category."""
+    return all(b[ph][x] - a[ph][x] == c[ph][x] - b[ph][x] for ph in a for x in a[ph])
+
+
+def _run_plan(model, layout, stages, plan, dropout, reduce_dtype):
+    """Run the traces of ``plan`` (in the current fake world) and extrapolate to the real stage:
+    every figure linearly in the layers. Each trace runs the stage's whole 1F1B warm-up (the
+    plan's one warm-up length, :func:`plan_trace`) and the plan's steady iterations; the steady
+    iterations not traced are added by :func:`_one_trace`.
+
+    An extrapolation is used only where the peak has stopped moving: three layer counts k, k+1,
+    k+2 are traced and each phase's peak (forward, backward, optimizer step) must lie on a line in
+    every category; if not, the window moves up one layer (up to 3 times). With a line,
+    ``per_layer`` is what one more layer adds to each memory category at the peak."""
+    from .step import make_mesh
+
+    meshes = make_mesh(layout)  # once: the traces differ in layers and micro-batches, not in ranks
+    counts, warms = list(plan.layer_counts), list(plan.warmups)
+    runs = {}
+
+    def run(c, v):
+        if (c, v) not in runs:
+            runs[(c, v)] = _one_trace(model, layout, stages, plan, c, v, dropout, reduce_dtype, meshes)
+        return runs[(c, v)]
+
+    def settle(points, make, limit, what):
+        """Slide a window of three points up until the peak's categories lie on a line."""
+        for _ in range(3):
+            if _collinear(*(make(x)["phases"] for x in points)) or points[-1] + 1 >= limit:
+                break
+            points = points[1:] + [points[-1] + 1]
+        if not _collinear(*(make(x)["phases"] for x in points)):
+            raise ValueError(f"the peak of stage {plan.stage} still moves as {what} are added ({points} traced): "
+                             f"trace more (a larger trace_layers) or everything (extrapolate=False)")
+        return points[1:]
+
+    if len(counts) == 3:
+        counts = settle(counts, lambda c: run(c, warms[0]), plan.layers, "layers")
+    k = counts[0]
+
+    phase_line = lambda a, b, x0, x: {ph: {c: _line(a[ph][c], b[ph][c], x0, x) for c in a[ph]} for ph in a}
+
+    def in_layers(v, n):
+        a = run(counts[0], v)
+        if len(counts) == 1:
+            return a
+        b = run(counts[1], v)
+        return {"phases": phase_line(a["phases"], b["phases"], k, n),
+                "held": {c: _line(a["held"][c], b["held"][c], k, n) for c in a["held"]},
+                "comm": _comm_line(a["comm"], b["comm"], k, n), "flops": _line(a["flops"], b["flops"], k, n),
+                "coords": a["coords"]}
+
+    def at(n):
+        out = in_layers(warms[0], n)
+        # the step's peak: the largest of its phases' peaks, each extrapolated on its own line
+        out["memory"] = max(out["phases"].values(), key=lambda snap: snap["total"])
+        return out
+
+    out = at(plan.layers)
+    out["per_layer"], out["per_layer_comm"] = None, None
+    out["layer_counts"] = tuple(counts)
+    if len(counts) == 2:
+        below = at(plan.layers - 1)
+        out["per_layer"] = {c: out["memory"][c] - below["memory"][c] for c in below["memory"]}
+        out["per_layer_comm"] = [{**r, **{f: r[f] - b[f] for f in ("calls", "bytes", "model_sent")}}
+                                 for r, b in zip(out["comm"], below["comm"]) if r["calls"] != b["calls"]]
+    return out
+
+
+def simulate(model: Model, layout: Layout, *, rank: int = 0, world_size: int | None = None, global_batch: int | None = None,
+             micro_batches: int | None = None, stages=None, trace_layers: int | None = None, dropout: bool = False,
+             extrapolate: bool | str = True, reduce_dtype: str = "float32",
+             max_layer_passes: int = MAX_LAYER_PASSES) -> FakeStep:
+    """One training step of rank ``rank`` of the ``layout.devices``-rank job, on a fake world.
+
+    ``micro_batches`` per step (default: ``global_batch / (DP x micro-batch)`` when a global batch
+    is given, else PP, enough to fill the pipeline); ``stages``: layers per pipeline stage when
+    PP does not divide the layers (e.g. :func:`uneven_stages`); ``trace_layers=k``: trace k, k + 1
+    and k + 2 layers of the stage and scale (module docstring); ``dropout``: dropout after attention and
+    MLP (GPT, Korthikanti et al.), off for Llama; ``reduce_dtype``: the dtype gradients are reduced
+    (and, under ZeRO-1, accumulated) in, FP32 by default as in torchtitan, "bfloat16" as the
+    chapters assume.
+    """
+    stages = check(model, layout, world_size, stages)
+    if reduce_dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"reduce_dtype must be 'float32' or 'bfloat16', got {reduce_dtype!r}")
+    world = layout.devices
+    rank = validate.integer_at_least(rank, "rank", 0)
+    if rank >= world:
+        raise ValueError(f"rank must be in [0, {world}) for DP x TP x PP x CP = {world}, got {rank}")
+    m = _micro_batches(layout, global_batch, micro_batches)
+    if layout.pp > 1 and m < layout.pp:
+        raise ValueError(f"{m} micro-batches cannot fill PP = {layout.pp} stages (1F1B needs m >= PP)")
+    plan = plan_trace(model, layout, stages, rank, m, trace_layers, extrapolate)
+    if plan.passes > max_layer_passes:
+        raise ValueError(
+            f"tracing would cost {plan.passes} layer passes (layers {plan.layer_counts} x up to "
+            f"{plan.traced_micro_batches(max(plan.warmups))} micro-batches, forward and backward) > "
+            f"max_layer_passes={max_layer_passes} (about {plan.passes * SECONDS_PER_PASS:.0f} s here): "
+            + ("pass trace_layers=2 (identical layers give identical per-layer figures: 2, 3 and 4 layers are traced "
+               f"and scaled exactly to the stage's {plan.layers}), or " if trace_layers is None else "")
+            + "raise max_layer_passes")
+    t0 = time.perf_counter()
+    with fake_world(world, rank):
+        res = _run_plan(model, layout, stages, plan, dropout, reduce_dtype)
+    notes = []
+    if len(res["layer_counts"]) == 2:
+        notes.append(f"traced {res['layer_counts'][0] - 1} to {res['layer_counts'][1]} of the stage's {plan.layers} "
+                     f"layers (the peak on a line from {res['layer_counts'][0]}); per-layer figures scaled to {plan.layers}")
+    mts = {plan.traced_micro_batches(v) for v in plan.warmups}
+    if plan.steady < m - _warm(layout, plan.stage, m):
+        notes.append(f"traced {plan.steady} of {m - _warm(layout, plan.stage, m)} steady 1F1B iterations; the others "
+                     f"added from a measured one")
+    return FakeStep(model=model.name, layout=layout.label(), world_size=world, rank=rank, coords=res["coords"],
+                    stage_layers=plan.layers, layers_traced=res["layer_counts"], micro_batches=m,
+                    micro_batches_traced=max(mts), memory=res["memory"], held=res["held"], comm=res["comm"],
+                    flops=res["flops"], wall_s=time.perf_counter() - t0, notes=notes, per_layer=res["per_layer"],
+                    per_layer_comm=res["per_layer_comm"])

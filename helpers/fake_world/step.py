@@ -1,0 +1,659 @@
+"""One training step of one rank, written with PyTorch's own parallelism APIs (used by
+:mod:`helpers.fake_world`, which runs it on a fake world, and by its tests, which run the same code
+on real gloo ranks).
+
+:func:`build` turns a :class:`helpers.planner.Model` and :class:`~helpers.planner.Layout` into this
+rank's :class:`StageParts`: its pipeline stage (:class:`helpers.fake_world.llama_model.Stage`) parallelised on a
+4-D ``DeviceMesh`` (dims ``dp, pp, cp, tp``, outermost first: Llama 3's order, TP innermost), on
+the meta device; :meth:`StageParts.materialize` gives it (fake or real) storage and its AdamW
+optimizer; :func:`run_step` runs one step in 1F1B order (the order of
+:func:`helpers.pipeline_schedule.one_f_one_b`, run by :func:`helpers.pipeline_parallel.run_schedule`);
+:func:`measured_step` does all three and measures the step. Which API stands for which ZeRO
+stage (``Layout.zero``), each with BF16 compute and FP32 master state
+(``MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)``), AdamW:
+
+* **ZeRO-0** (DDP): ``replicate`` (``torch.distributed._composable.replicate_with_fsdp``,
+  PyTorch's DDP on FSDP2's machinery: FP32 parameters and gradients on every rank, gradients
+  all-reduced once per step, after the last micro-batch);
+* **ZeRO-1**: ``fully_shard(reshard_after_forward=False)`` with gradient reduction deferred to the
+  last micro-batch (``set_requires_gradient_sync``) and parameters kept unsharded through the
+  step (``set_reshard_after_backward``): the BF16 weights and the accumulated gradients are whole
+  during the step, only the FP32 master and the moments stay sharded. With one micro-batch per
+  step FSDP2 frees each layer's whole gradient as soon as it is reduce-scattered, so this is
+  ZeRO-2's memory. (The classic PyTorch ZeRO-1, ``ZeroRedundancyOptimizer`` over
+  ``DistributedDataParallel``, cannot run here: DDP's C++ reducer needs real storage under
+  ``FakeTensorMode``, and ``ZeroRedundancyOptimizer`` broadcasts plain tensors, not the DTensor
+  parameters of tensor parallelism.)
+* **ZeRO-2**: ``fully_shard(reshard_after_forward=False)`` (FSDP's SHARD_GRAD_OP; Llama 3's
+  "do not reshard after forward"): weights gathered once per step and kept, gradients
+  reduce-scattered every micro-batch;
+* **ZeRO-3**: ``fully_shard`` (FULL_SHARD): weights gathered for each layer's forward and again
+  for its backward, every micro-batch.
+
+Sharding is over the DP x CP ranks (CP ranks hold the same weights). Tensor parallelism is
+``parallelize_module`` with :func:`helpers.fake_world.llama_model.tp_plan`; context parallelism all-gathers
+K and V (Llama 3); pipeline stages exchange activations with ``batch_isend_irecv``.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from ..launcher.commlog import _FUNCTIONAL, CommLog, record_call
+from ..pipeline_parallel import run_schedule
+from ..pipeline_schedule import one_f_one_b
+from ..torch_private import FUNCTIONAL_NAMESPACE, flatten_mesh, restart_peak, swap_propagation_lock
+from .llama_model import Stage, stage_layer_ids, tp_plan
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+MESH_DIMS = ("dp", "pp", "cp", "tp")
+CATEGORIES = ("parameters", "gradients", "optimizer", "activations", "temporaries", "other")
+_MEMTRACKER_KEYS = {"Parameter": "parameters", "Buffer": "parameters", "Gradient": "gradients", "Optstate": "optimizer",
+                    "Activation": "activations", "Temp": "temporaries", "Other": "other"}
+
+
+def coords(rank: int, layout) -> dict:
+    """This rank's coordinate on each mesh dim (dp, pp, cp, tp; tp varies fastest)."""
+    out, r = {}, rank
+    for name in reversed(MESH_DIMS):
+        size = getattr(layout, name)
+        out[name] = r % size
+        r //= size
+    return out
+
+
+def make_mesh(layout, device: str = "cpu") -> tuple:
+    """The 4-D ``DeviceMesh`` (dp, pp, cp, tp) of ``layout`` and its data-parallel mesh (DP x CP
+    flattened when CP > 1): FSDP shards over the ranks that hold the same weights."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh(device, tuple(getattr(layout, n) for n in MESH_DIMS), mesh_dim_names=MESH_DIMS)
+    return mesh, (flatten_mesh(mesh["dp", "cp"], "dp_cp") if layout.cp > 1 else mesh["dp"])
+
+
+@dataclass
+class StageParts:
+    """This rank's part of the job, made by :func:`build` and given storage by :meth:`materialize`.
+
+    ``stage``: the parallelised :class:`helpers.fake_world.llama_model.Stage` (on the meta device until
+    :meth:`materialize`); ``mesh``: the 4-D ``DeviceMesh`` (dp, pp, cp, tp); ``dp_mesh``: the mesh
+    FSDP shards over (dp, or dp x cp flattened); ``coords``: this rank's coordinate on each mesh
+    dim; ``layer_ids``: the model's layers this stage holds; ``sp``: sequence parallelism on (the
+    activations handed between stages are split along the sequence over TP); ``prev`` / ``next``:
+    the rank of the same (dp, cp, tp) in the previous / next stage, None on the first / last.
+    Set by :meth:`materialize`: ``anchor``, the scalar where every received activation's graph
+    ends (:class:`_StageInput`), and ``opt``, the AdamW optimizer."""
+
+    stage: Stage
+    mesh: DeviceMesh
+    dp_mesh: DeviceMesh
+    coords: dict
+    layer_ids: list
+    sp: bool
+    prev: int | None
+    next: int | None
+    anchor: torch.Tensor | None = None
+    opt: torch.optim.Optimizer | None = None
+
+    @property
+    def first(self) -> bool:
+        return self.prev is None
+
+    @property
+    def last(self) -> bool:
+        return self.next is None
+
+    def materialize(self, init: bool) -> None:
+        """Give the stage's (sharded) parameters storage on the CPU (fake tensors under
+        ``FakeTensorMode``), initialise them if ``init`` (real runs), and create the AdamW
+        optimizer with its moments as a first step would (zero gradients), so the measured step is
+        a steady-state step."""
+        self.stage.to_empty(device="cpu")
+        params = list(self.stage.parameters())
+        if init:
+            with torch.no_grad():
+                for p in params:
+                    p.normal_(0.0, 0.02)
+        self.anchor = torch.zeros((), requires_grad=True)  # see _StageInput
+        self.opt = torch.optim.AdamW(params, lr=1e-4, foreach=False)
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+
+
+def build(model, layout, stages: list, *, dropout: bool = False, reduce_dtype: str = "float32",
+          meshes=None) -> StageParts:
+    """This rank's stage on the meta device, parallelised (TP, activation checkpointing when
+    ``layout.recompute == "full"``, then FSDP/replicate per block and for the stage). Call inside
+    the process group (fake or real), outside ``FakeTensorMode`` (the mesh reads its rank grid).
+    ``meshes``: :func:`make_mesh`'s, to reuse (a 16,384-rank mesh takes seconds to build)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    rank = dist.get_rank()
+    c = coords(rank, layout)
+    mesh, dp_mesh = meshes or make_mesh(layout)
+    ids = stage_layer_ids(model.layers, stages)[c["pp"]]
+    first, last = c["pp"] == 0, c["pp"] == layout.pp - 1
+    cp_group = mesh["cp"].get_group() if layout.cp > 1 else None
+    with torch.device("meta"):  # shapes only; storage comes with materialize()
+        stage = Stage(model, ids, first, last, dropout=dropout, cp_group=cp_group)
+    sp = layout.sequence_parallel and layout.tp > 1
+    if layout.tp > 1:
+        from torch.distributed.tensor.parallel import parallelize_module
+
+        top, block = tp_plan(stage, sp)
+        for blk in stage.layers.values():
+            parallelize_module(blk, mesh["tp"], block)
+        if top:
+            parallelize_module(stage, mesh["tp"], top)
+    if layout.recompute == "full":  # keep each block's input only; recompute the rest in backward
+        from ..torch_private import checkpoint_wrapper
+
+        for name in list(stage.layers):
+            stage.layers[name] = checkpoint_wrapper(stage.layers[name], preserve_rng_state=False)
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=getattr(torch, reduce_dtype))
+    if layout.zero == 0:
+        from ..torch_private import replicate
+
+        wrap = lambda mod: replicate(mod, mesh=dp_mesh, mp_policy=mp)
+    else:
+        wrap = lambda mod: fully_shard(mod, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=layout.zero == 3)
+    for blk in stage.layers.values():
+        wrap(blk)
+    wrap(stage)
+    stride = layout.cp * layout.tp
+    return StageParts(stage=stage, mesh=mesh, dp_mesh=dp_mesh, coords=c, layer_ids=ids, sp=sp,
+                      prev=None if first else rank - stride, next=None if last else rank + stride)
+
+
+def _exchange(sends=(), recvs=()):
+    """One batch of point-to-point ops ((tensor, peer) pairs), waited for: a send and a receive
+    in the same batch progress together (Megatron's send_forward_recv_backward), so 1F1B's
+    neighbours never wait on each other's blocking send."""
+    ops = [dist.P2POp(dist.isend, t, peer) for t, peer in sends] + [dist.P2POp(dist.irecv, t, peer) for t, peer in recvs]
+    if ops:
+        for w in dist.batch_isend_irecv(ops):
+            w.wait()
+
+
+class _StageInput(torch.autograd.Function):
+    """Where a received activation enters a stage's graph: backward hands its gradient to
+    ``grads`` (to be sent to the previous stage) instead of accumulating it in a leaf.
+
+    A leaf input would do the same, but the hooks MemTracker's ModTracker registers
+    (``register_multi_grad_hook``) form a reference cycle through C++ with the graph's nodes, which
+    keep the leaf's gradient accumulator, and so the leaf, alive: one leaked activation per
+    micro-batch. Here the graph ends at ``anchor``, a scalar shared by every micro-batch."""
+
+    @staticmethod
+    def forward(ctx, x, anchor, grads):
+        ctx.grads = grads
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        ctx.grads.append(g)
+        return None, None, None
+
+
+class _StepOps:
+    """One training step's ops on this rank's stage, the steps of
+    :func:`helpers.pipeline_parallel.run_schedule`: the forward and backward of micro-batch i
+    (FSDP2's per-micro-batch switches set before each backward) and the point-to-point
+    hand-offs, each a batch of sends and receives waited for at once (:func:`_exchange`).
+
+    ``held`` keeps the last activation received, activation sent, gradient received and gradient
+    sent, each until the next of its kind replaces it (the received activation until the last
+    forward), and until the step ends: the lifetimes of the hand-written 1F1B loop this replaced,
+    with which the fake world's figures were measured (MemTracker counts what is alive; releasing
+    one sooner could lower a phase's peak by an activation)."""
+
+    def __init__(self, model, layout, parts: StageParts, m: int, mark):
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        c, cp = parts.coords, layout.cp
+        self.model, self.parts, self.m, self.mark, self.zero = model, parts, m, mark, layout.zero
+        self.b, self.s_local = layout.micro_batch, model.seq_len // cp
+        self.s_act = self.s_local // layout.tp if parts.sp else self.s_local
+        chunk = model.seq_len // (2 * cp)
+        self.positions = (torch.cat([torch.arange(c["cp"] * chunk, (c["cp"] + 1) * chunk),
+                                     torch.arange((2 * cp - 1 - c["cp"]) * chunk, (2 * cp - c["cp"]) * chunk)])
+                          if cp > 1 else torch.arange(self.s_local))
+        self.loss_context = loss_parallel if (layout.tp > 1 and model.vocab) else nullcontext
+        self.inputs, self.outputs, self.grads = {}, {}, []
+        self.held = dict.fromkeys(("F in", "F out", "B in", "B out"))
+
+    def p2p(self, sends, recvs):
+        """Allocate a buffer for each receive (none for the first stage's F or the last's B), then
+        send and receive in one batch: activations go to the next stage, gradients to the previous."""
+        p = self.parts
+        bufs = []
+        for kind, _, _ in recvs:
+            nothing = p.first if kind == "F" else p.last
+            bufs.append(None if nothing else torch.empty(self.b, self.s_act, self.model.hidden, dtype=torch.bfloat16))
+            self.held[kind + " in"] = bufs[-1]
+        _exchange(sends=[(t, p.next if kind == "F" else p.prev) for kind, _, _, t in sends],
+                  recvs=[(x, p.prev if kind == "F" else p.next) for (kind, _, _), x in zip(recvs, bufs) if x is not None])
+        return bufs
+
+    def forward(self, c: int, i: int, x):
+        """F of micro-batch i: the tokens (first stage) or the received activation through the
+        stage; the loss on the last stage, else the activation to send on."""
+        model, p = self.model, self.parts
+        self.mark("F", i)
+        if p.first and model.vocab:
+            x = torch.randint(0, model.vocab, (self.b, self.s_local))
+        elif p.first:  # hidden states in, as from an embedding: they need a gradient too, or FSDP
+            # would reduce the first block's gradients only at the very end of backward
+            x = _StageInput.apply(torch.randn(self.b, self.s_act, model.hidden), p.anchor, [])
+        else:
+            x = _StageInput.apply(x, p.anchor, self.grads)
+        self.inputs[i] = x
+        out = p.stage(x, self.positions)
+        if p.last:
+            with self.loss_context():
+                if model.vocab:
+                    labels = torch.randint(0, model.vocab, (self.b, self.s_local))
+                    out = F.cross_entropy(out.flatten(0, 1).float(), labels.flatten())
+                else:
+                    out = out.float().pow(2).mean()
+        self.outputs[i] = out
+        self.held["F out"] = y = None if p.last else out.detach()
+        if i == self.m - 1:
+            self.held["F in"] = None
+        return y
+
+    def backward(self, c: int, i: int, g):
+        """B of micro-batch i from the received gradient ``g`` (the loss on the last stage); returns
+        the gradient of the stage's input, to send back (None on the first stage)."""
+        stage, m = self.parts.stage, self.m
+        self.mark("B", i)
+        stage.set_is_last_backward(i == m - 1)
+        if self.zero in (1, 2):
+            stage.set_reshard_after_backward(i == m - 1)
+        if self.zero in (0, 1):
+            stage.set_requires_gradient_sync(i == m - 1)
+        out = self.outputs.pop(i)
+        if self.parts.last:
+            with self.loss_context():
+                out.backward()
+        else:
+            torch.autograd.backward(out, grad_tensors=g)
+        self.inputs.pop(i)
+        self.held["B out"] = dx = None if self.parts.first else self.grads.pop()
+        return dx
+
+
+def run_step(model, layout, parts: StageParts, m: int, *, on_boundary=None, warm: int | None = None):
+    """One training step of this rank: ``m`` micro-batches in 1F1B order (warm-up forwards, steady
+    forward/backward pairs, cool-down backwards, as Megatron's non-interleaved schedule), then the
+    optimizer step. ``on_boundary(kind, i)`` (optional) is called before each forward ('F', i)
+    and backward ('B', i), before the optimizer step ('opt', m) and at the end ('end', m):
+    :mod:`helpers.fake_world` reads its counters there. ``warm`` replaces the warm-up length
+    (1F1B's, min(PP - stage - 1, m)): the fake world passes the one of the real step's m
+    micro-batches, which its shortened traces (fewer steady iterations) keep whole."""
+    mark = on_boundary or (lambda kind, i: None)
+    ops = _StepOps(model, layout, parts, m, mark)  # held until the step ends (see its ``held``)
+    run_schedule(one_f_one_b(layout.pp, m, parts.coords["pp"], warm=warm), ops, paired=True)
+    mark("opt", m)
+    parts.opt.step()
+    mark("end", m)
+
+
+def memtracker_class():
+    """``MemTracker`` that ignores the tensors DTensor's sharding propagation creates.
+
+    PyTorch's ``MemTracker`` skips DTensor's shape propagation by comparing the active fake mode
+    with the one active when it was entered; under an outer ``FakeTensorMode`` the propagation runs
+    in that same mode (``detect_fake_mode()`` returns it), and global-shape tensors, e.g. a whole
+    unsharded copy of every parameter during a foreach optimizer step, are counted as memory. The
+    propagation runs inside ``ShardingPropagator._fake_mode_lock``; :func:`measured_step` replaces
+    that lock by a counter this tracker checks.
+    """
+    from functools import partial
+    from threading import get_ident
+
+    from torch.distributed.tensor import DTensor
+
+    from ..torch_private import TOTAL_KEY, MemRefType, MemTracker, ModState, active_fake_mode, tree_map_only
+
+    class _Tracker(MemTracker):
+        _by_fqn, _by_fqn_len = None, -1
+
+        def _pre_fw_hook(self, module, inputs):
+            # a new micro-batch through the stage (the root): start its module stats afresh
+            # (MemTracker refuses a second top-level call of a module; the peak is kept)
+            if module in self.memory_tracking and not self._mod_tracker.is_bw:
+                if set(self._mod_tracker.parents) - {self._mod_tracker.get_known_fqn(module)} == {"Global"}:
+                    del self.memory_tracking[module]
+            self._by_fqn = None  # memory_tracking and the modules' names change only here
+            super()._pre_fw_hook(module, inputs)
+
+        def reset_mod_stats(self):
+            self._by_fqn = None
+            super().reset_mod_stats()
+
+        def _update_peak_stats(self, peak_state):
+            # MemTracker's own (torch 2.13.0, mem_tracker.py: _update_peak_stats, a private method)
+            # runs after every op and walks every module it has seen (a WeakIdKeyDictionary whose
+            # iteration costs a failing hasattr per module): O(ops x modules), a third of a trace.
+            # The same updates, in the same state: the modules whose name is among the active
+            # parents are looked up by name (an index rebuilt when memory_tracking changes), and
+            # the snapshots (flat dicts of ints) are copied with dict() instead of deepcopy().
+            curr_snap = self._curr_mem_snap
+            by_fqn = self._by_fqn
+            if by_fqn is None or len(self.memory_tracking.data) != self._by_fqn_len:
+                by_fqn = self._by_fqn = {}
+                for mod_stats in self.memory_tracking.values():
+                    by_fqn.setdefault(mod_stats.mod_fqn, []).append(mod_stats)
+                self._by_fqn_len = len(self.memory_tracking.data)
+            for fqn in self._mod_tracker.parents:
+                for mod_stats in by_fqn.get(fqn, ()):
+                    if peak_state in mod_stats.snapshots:
+                        for dev, dev_snap in curr_snap.items():
+                            if mod_stats.local_peak.get(dev, 0) < dev_snap[TOTAL_KEY]:
+                                mod_stats.local_peak[dev] = dev_snap[TOTAL_KEY]
+                                mod_stats.snapshots[peak_state][-1][dev] = dict(dev_snap)
+            for dev, dev_snap in curr_snap.items():
+                if self._peak_mem.get(dev, 0) < dev_snap[TOTAL_KEY]:
+                    self._peak_mem[dev] = dev_snap[TOTAL_KEY]
+                    self._peak_mem_snap[dev] = dict(dev_snap)
+
+        def __enter__(self):
+            self._thread = threading.get_ident()
+            return super().__enter__()
+
+        @classmethod
+        def _should_skip_dynamo(cls):
+            # no torch.compile runs under this mode: its __torch_dispatch__ need not be wrapped in
+            # dynamo's disable (TorchDispatchMode.__init_subclass__, torch 2.13.0), a wrapper
+            # that costs four eval-frame switches per op
+            return False
+
+        comm_log = None  # a CommLog this mode records in (for it: one dispatch mode fewer per op)
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if self.comm_log is not None:  # what CommLog's own mode, just above this one, would do
+                record_call(self.comm_log, func, args, kwargs or {})
+            # gloo runs collectives on its own threads, which inherit the dispatch modes: what it
+            # allocates there is the backend's scratch (NCCL's never reaches PyTorch at all)
+            if _PROPAGATING[0] or get_ident() != self._thread:
+                return func(*args, **(kwargs or {}))
+            # a view allocates nothing: a storage first seen through a view is a kernel's internal
+            # scratch (the CPU fallback of FSDP's chunk_cat copy-in; the GPU kernel has none)
+            if func.is_view and not any(issubclass(t, DTensor) for t in types):
+                return func(*args, **(kwargs or {}))
+            # MemTracker.__torch_dispatch__ (torch 2.13.0), inlined: the same steps in the same
+            # order, without a second wrapped call per op; a single tensor output is tracked
+            # directly (tree_map_only calls the same function on it)
+            if any(t == DTensor for t in types):
+                return NotImplemented
+            if func is wait_tensor and active_fake_mode():
+                res = args[0]
+            elif _backend_keeps(func) and not active_fake_mode():
+                res = _collective_on_copies(func, args, kwargs or {})
+            else:
+                res = func(*args, **(kwargs or {}))
+            if active_fake_mode() is self._fake_mode_on_entry:
+                if self._in_opt:
+                    reftype = MemRefType.OPT
+                elif self._mod_tracker.is_bw and not self._in_ac:
+                    reftype = MemRefType.TEMP
+                else:
+                    reftype = MemRefType.ACT
+                if type(res) in _TENSOR_TYPES:
+                    self._track(reftype, res)
+                else:
+                    tree_map_only(torch.Tensor, partial(self._track, reftype), res)
+                self._update_peak_stats(ModState.PEAK_BW if self._mod_tracker.is_bw else ModState.PEAK_FW)
+            return res
+
+    from ..torch_private import FakeTensor, wait_tensor
+
+    _TENSOR_TYPES = (torch.Tensor, FakeTensor)  # leaves of tree_map_only, exactly (no pytree node)
+    return _Tracker
+
+
+_PROPAGATING = [0]
+_KEEPS: dict = {}
+
+
+def _backend_keeps(func) -> bool:
+    """Whether ``func`` is a functional collective (``_c10d_functional.*``: DTensor's, for TP and
+    sequence parallelism, and loss_parallel's), whose input and output tensors a real gloo
+    backend's worker thread keeps a moment after the caller's wait has returned.
+
+    FSDP2's c10d ops (``c10d._allgather_base_``, ``c10d._reduce_scatter_base_``, waited on by
+    FSDP2 itself) are left as they are: run at once on copies they changed the pipeline layout's
+    measured peak. Their buffers can still be freed late (with rank 3's gloo threads starved, the
+    32,896-byte reduce-scatter input of DP2 TP2 ZeRO-3 is, every run), after the peak so far."""
+    keeps = _KEEPS.get(func)
+    if keeps is None:
+
+        keeps = _KEEPS[func] = func.namespace == FUNCTIONAL_NAMESPACE and func.__name__.split(".")[0] in _FUNCTIONAL
+    return keeps
+
+
+def _collective_on_copies(func, args, kwargs):
+    """A functional collective on a real process group, run on untracked copies of its inputs and
+    waited for at once; the result is returned as a tracked copy: the backend never holds a tensor
+    the tracker counts.
+
+    Without it the real step's peak depended on timing: gloo's worker thread holds each Work (and
+    its tensors) until it has taken its lock again after waking the waiter, and when it was
+    preempted there, a tensor the step had already dropped lived on into the next allocations and
+    was freed later on that thread. Under load, rank 3 of DP2 TP2 ZeRO-3 measured 4,096 bytes of
+    temporaries more than the fake world (one b x s x h BF16 activation gradient of a
+    sequence-parallel block's backward); with its gloo threads at SCHED_IDLE (run only while the
+    main thread waits) 2 runs in 3. The fake world's collectives end at once and hold nothing.
+    Called inside the tracker's dispatch: the copies are neither tracked nor counted as FLOPs."""
+    from ..torch_private import tree_flatten, tree_unflatten
+    from ..torch_private import wait_tensor as wait
+
+    flat, spec = tree_flatten((args, kwargs))
+    a2, k2 = tree_unflatten([a.clone() if isinstance(a, torch.Tensor) else a for a in flat], spec)
+    outs, out_spec = tree_flatten(func(*a2, **k2))
+    return tree_unflatten([wait(t).clone() if isinstance(t, torch.Tensor) else t for t in outs], out_spec)
+
+
+class _PropagationMarker:
+    def __enter__(self):
+        _PROPAGATING[0] += 1
+
+    def __exit__(self, *exc):
+        _PROPAGATING[0] -= 1
+        return False
+
+
+def flop_counter():
+    """``FlopCounterMode`` for this rank's own work: the local ops of DTensors (PyTorch's counter
+    sees a DTensor op with its global shapes first and counts it whole: TP x too many), without
+    the module tracker (:class:`_NoModules`), and with the CPU attention kernels (PyTorch's table
+    has only the CUDA ones; the formulas are PyTorch's own: full attention, as for causal)."""
+    from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
+
+    aten = torch.ops.aten
+
+    def fwd(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs):
+        return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+    def bwd(grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs):
+        return sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
+
+    from torch.distributed.tensor import DTensor
+
+    from ..torch_private import (
+        FlopCounterDispatchMode,
+        HigherOrderOperator,
+        count_flops,
+        sdpa_flash_cpu,
+        sdpa_flash_cpu_backward,
+    )
+
+    not_counted = frozenset({  # _FlopCounterMode.__torch_dispatch__'s (torch 2.13.0) set, built once
+        aten.sym_is_contiguous.default, aten.is_contiguous.default, aten.is_contiguous.memory_format,
+        aten.is_strides_like_format.default, aten.is_non_overlapping_and_dense.default, aten.size.default,
+        aten.sym_size.default, aten.stride.default, aten.sym_stride.default, aten.storage_offset.default,
+        aten.sym_storage_offset.default, aten.numel.default, aten.sym_numel.default, aten.dim.default,
+        torch.ops.prim.layout.default})
+    device_op = torch.ops.prim.device.default
+
+    class _LocalMode(FlopCounterDispatchMode):
+        @classmethod
+        def _should_skip_dynamo(cls):
+            return False  # no torch.compile here: no dynamo-disable wrapper per op (see memtracker_class)
+
+        # DTensor ops carry global shapes: let DTensor turn them into the local ops this rank runs
+        # (counted then), and skip the global-shape ops of its sharding propagation
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if any(issubclass(t, DTensor) for t in types):
+                return NotImplemented
+            if _PROPAGATING[0]:
+                return func(*args, **(kwargs or {}))
+            # then _FlopCounterMode.__torch_dispatch__ (torch 2.13.0), inlined step by step:
+            # one Python call per op instead of two wrapped ones
+            kwargs = kwargs if kwargs else {}
+            if func in not_counted:
+                return NotImplemented
+            if isinstance(func, HigherOrderOperator):
+                return self._handle_higher_order_ops(func, types, args, kwargs)
+            counter = self.counter
+            if func not in counter.flop_registry and func is not device_op:
+                with self:
+                    r = func.decompose(*args, **kwargs)
+                    if r is not NotImplemented:
+                        return r
+            out = func(*args, **kwargs)
+            return count_flops(counter, func.overloadpacket, out, args, kwargs)
+
+    class _Counter(FlopCounterMode):
+        def __enter__(self):
+            self.flop_counts.clear()
+            self.mode = _LocalMode(self)
+            self.mode.__enter__()
+            return self
+
+        def __exit__(self, *exc):
+            self.mode.__exit__(*exc)
+            self.mode = None
+            return False
+
+    counter = _Counter(display=False, custom_mapping={sdpa_flash_cpu: fwd, sdpa_flash_cpu_backward: bwd})
+    counter.mod_tracker = _NoModules()
+    return counter
+
+
+class _NoModules:
+    """Stands in for FlopCounterMode's per-module breakdown (we need the total only). Its
+    ModuleTracker hooks a pipeline stage's output with ``register_multi_grad_hook``, whose buffer
+    keeps the gradient received from the next stage alive until the garbage collector finds the
+    cycle: the memory measurement would count one received gradient per micro-batch."""
+
+    parents = {"Global"}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def measured_step(model, layout, stages, m: int, *, fake: bool, dropout: bool = False, boundaries: bool = False,
+                  warm: int | None = None, reduce_dtype: str = "float32", meshes=None) -> dict:
+    """Build this rank's stage, then run and measure one step: peak bytes by category (MemTracker),
+    the model state held after the step, every collective (:class:`helpers.launcher.commlog.CommLog`),
+    FLOPs (FlopCounterMode) and, with ``boundaries``, the counters at each micro-batch boundary.
+    Runs in the current process group, fake or real."""
+    saved_lock = swap_propagation_lock(_PropagationMarker())
+    try:
+        t0 = time.perf_counter()
+        parts = build(model, layout, stages, dropout=dropout, reduce_dtype=reduce_dtype, meshes=meshes)
+        mode = nullcontext()
+        if fake:
+            from ..torch_private import FakeTensorMode
+
+            mode = FakeTensorMode(allow_non_fake_inputs=True)  # the meta parameters become fake
+        with mode:
+            return _measure(model, layout, parts, m, init=not fake, boundaries=boundaries, t0=t0, warm=warm)
+    finally:
+        swap_propagation_lock(saved_lock)
+
+
+def _measure(model, layout, parts, m, *, init, boundaries, t0, warm):
+
+    parts.materialize(init)
+    tracker = memtracker_class()()
+    tracker.track_external(parts.stage, parts.opt)
+    flops = flop_counter()
+    marks, phases, current = [], {}, ["start"]
+
+    def close_phase():
+        """Keep the peak of the stretch since the last boundary under its kind (forward, backward,
+        optimizer), and start a new stretch: each kind's peak grows linearly with the layers and
+        the micro-batches in flight, and the step's peak is the largest of them."""
+        snap = _categories(tracker.get_tracker_snapshot("peak"))
+        kind = current[0]
+        if kind not in phases or snap["total"] > phases[kind]["total"]:
+            phases[kind] = snap
+        restart_peak(tracker)
+
+    def mark(kind, i):
+        close_phase()
+        current[0] = {"F": "forward", "B": "backward", "opt": "optimizer", "end": "end"}[kind]
+        if boundaries:
+            marks.append((kind, i, len(log.ops), flops.get_total_flops()))
+
+    # the tracker records the communication for the log (the same ops, in the same order, as a
+    # CommLog mode between the FLOP counter and the tracker would see: that mode passes every op on)
+    log = CommLog(record_comm=False)
+    tracker.comm_log = log
+    with tracker, log, flops:
+        run_step(model, layout, parts, m, on_boundary=mark, warm=warm)
+        close_phase()
+    peak = max(phases.values(), key=lambda snap: snap["total"])
+    held = _categories(tracker.get_tracker_snapshot("current"))
+    axes = _axes(parts)
+    ops = [(o.op, o.bytes, o.group_size, axes.get(o.group, "?")) for o in log.ops]
+    return {"peak": peak, "phases": phases, "held": held, "ops": ops,
+            "flops": flops.get_total_flops(), "marks": marks, "layers": len(parts.layer_ids),
+            "coords": parts.coords, "wall_s": time.perf_counter() - t0}
+
+
+def _axes(parts: StageParts) -> dict:
+    """Process-group name -> the mesh axis it spans (dp, pp, cp, tp, dp_cp; "pp" for the
+    point-to-point sends of the pipeline, which use the default group)."""
+    mesh = parts.mesh
+    out = {dist.group.WORLD.group_name: "pp"}  # unless a mesh axis spans the whole world (and reuses it)
+    for d in mesh.mesh_dim_names:
+        if mesh.size(mesh.mesh_dim_names.index(d)) > 1 or mesh.get_group(d).group_name not in out:
+            out[mesh.get_group(d).group_name] = d
+    out[parts.dp_mesh.get_group().group_name] = parts.dp_mesh.mesh_dim_names[0]
+    return out
+
+
+def _categories(snapshot: dict) -> dict:
+    out = dict.fromkeys(CATEGORIES, 0)
+    for dev_snap in snapshot.values():
+        for k, v in dev_snap.items():
+            key = _MEMTRACKER_KEYS.get(getattr(k, "value", k))
+            if key:
+                out[key] += v
+    out["total"] = sum(out[k] for k in CATEGORIES)
+    return out
+
+
+def worker(model, layout, stages, m: int, dropout: bool = False) -> dict:
+    """:func:`measured_step` with real tensors on the launcher's ranks (the fake world's check):
+    ``launch(worker, model, layout, stages, m, world_size=layout.devices, record=False)``."""
+    torch.manual_seed(dist.get_rank())
+    return measured_step(model, layout, stages, m, fake=False, dropout=dropout)
