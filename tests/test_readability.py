@@ -130,3 +130,22 @@ def test_the_hook_fails_the_cell_that_shows_an_unreadable_figure():
 def test_install_outside_ipython_does_nothing(monkeypatch):
     monkeypatch.setenv(readability.ENV, "1")
     assert readability.install_if_asked() is False
+
+
+def test_an_errorbar_entry_explains_its_markers():
+    import matplotlib.pyplot as plt
+
+    from helpers.course import readability
+
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.errorbar([1, 2, 3], [1, 2, 3], yerr=[0.1] * 3, fmt="o", label="simulated")
+    ax.plot([1, 2, 3], [1, 2, 2], "-", label="exact")
+    ax.legend(fontsize=9)
+    assert readability.unexplained(fig) == []
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.errorbar([1, 2, 3], [1, 2, 3], yerr=[0.1] * 3, fmt="o")  # no label: its markers are unexplained
+    ax.plot([1, 2, 3], [1, 2, 2], "-", label="exact")
+    ax.legend(fontsize=9)
+    assert any("marker 'o'" in p for p in readability.unexplained(fig))
+    plt.close(fig)

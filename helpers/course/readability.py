@@ -192,6 +192,14 @@ def _styles(artist):
     return {c for c in colours if _chromatic(c)}, hatches, markers
 
 
+def _flatten(container):
+    for a in container:
+        if isinstance(a, (tuple, list)):
+            yield from _flatten(a)
+        elif a is not None:
+            yield a
+
+
 def unexplained(fig) -> list[str]:
     """In each axes with a legend: hatches, markers and colours no legend entry shows."""
     out = []
@@ -200,13 +208,22 @@ def unexplained(fig) -> list[str]:
         if leg is None or not leg.get_visible():
             continue
         handles = getattr(leg, "legend_handles", None) or getattr(leg, "legendHandles", [])
+        # an errorbar's or a stem's entry is a container of artists: what it shows is what they show
+        handles = [a for h in handles if h is not None for a in (h if isinstance(h, tuple) else (h,))
+                   if a is not None]
         known = [set(), set(), set()]
         for h in handles:
             for k, s in zip(known, _styles(h)):
                 k |= s
         lines, patches, colls = _data_artists(ax)
+        # the artists of a container the legend names (an errorbar, a bar group) are explained by its entry
+        labels = {t.get_text() for t in leg.get_texts()}
+        named = {id(a) for c in ax.containers if c.get_label() in labels
+                 for a in _flatten(c)}
         used = [set(), set(), set()]
         for a in lines + patches + colls:
+            if id(a) in named:
+                continue
             for u, s in zip(used, _styles(a)):
                 u |= s
         missing = []

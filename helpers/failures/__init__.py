@@ -26,6 +26,8 @@ the P.14 notebook puts the two side by side. Import everything from here.
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 
 import numpy as np
@@ -203,8 +205,23 @@ def monitored_barrier_worker(stuck_rank: int = 1, timeout_s: float = 2.0, stuck_
 
     if dist.get_rank() == stuck_rank:
         time.sleep(stuck_s)
-    dist.monitored_barrier(timeout=timedelta(seconds=timeout_s))
+    with _quiet_native_stderr():  # gloo logs the same diagnosis on stderr, in 200-character lines
+        dist.monitored_barrier(timeout=timedelta(seconds=timeout_s))
     return dist.get_rank()
+
+
+@contextlib.contextmanager
+def _quiet_native_stderr():
+    """Send file descriptor 2 (where torch's C++ logging writes) to /dev/null for the block: the
+    Python exception carries the diagnosis; Python's own ``sys.stderr`` is untouched."""
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 _CONSEQUENCE_MARKERS = ("connection closed", "connection reset", "broken pipe", "successfully reached monitoredbarrier")
