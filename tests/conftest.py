@@ -29,16 +29,19 @@ def warm_workers():
 # collected (--no-loadscope-reorder), and one of these started last would run alone at the end.
 # xdist's own order (most test items first) started the browser test and nbgrader's course, which
 # have few items and take 2-3 minutes each, last: 7m21s instead of about 5 on the 2-core machine.
-LONGEST_FIRST = (
+LONGEST_FIRST = (  # measured with benchmarks/suite_timeline.py (WORKBOOK_TEST_TIMELINE), longest first
     "tests/browser/",
+    "tests/test_nbgrader_slowest.py",
     "tests/test_nbgrader_course.py",
+    "notebooks/c12_parallelism_strategies/c12_3_2_ring_attention.ipynb",
+    "tests/test_student_answers_hidden.py",
     "tests/test_student_edition.py",
+    "notebooks/c12_parallelism_strategies/c12_3_1_sequence_parallel.ipynb",
+    "notebooks/c12_parallelism_strategies/c12_4_1_choosing_a_mix.ipynb",
+    "notebooks/c12_parallelism_strategies/c12_1_2_zero_fsdp.ipynb",
     "notebooks/c12_parallelism_strategies/c12_4_2_case_studies.ipynb",
     "tests/test_fake_world.py",
-    "notebooks/c12_parallelism_strategies/c12_4_1_choosing_a_mix.ipynb",
     "tests/test_exercise_shortcuts.py",
-    "notebooks/c12_parallelism_strategies/c12_3_2_ring_attention.ipynb",
-    "notebooks/c12_parallelism_strategies/c12_1_2_zero_fsdp.ipynb",
 )
 
 
