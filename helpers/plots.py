@@ -115,7 +115,7 @@ def ring_state(state, ax=None, fontsize: float = 11):
     return ax
 
 
-def ring_steps(states, ncols: int = 4, panel=(2.4, 2.9)):
+def ring_step_panels(states, ncols: int = 4, panel=(2.4, 2.9)):
     """All steps of a ring all-reduce in a grid of panels (P.7): readable at laptop width.
 
     ``states`` is :func:`helpers.collectives.ring_allreduce_steps`'s list (start, N-1

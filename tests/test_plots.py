@@ -169,11 +169,11 @@ def test_timeline_and_gantt_legends_explain_every_mark():
     plt.close(ax.figure)
 
 
-def test_ring_steps_fit_a_laptop_screen():
+def test_ring_step_panels_fit_a_laptop_screen():
     states = collectives.ring_allreduce_steps(np.arange(16).reshape(4, 4))
-    fig = plots.ring_steps(states)
+    fig = plots.ring_step_panels(states)
     assert isinstance(fig, Figure) and len(fig.axes) == 8  # 2 rows of 4, the last one empty
     assert not fig.axes[-1].axison and fig.get_size_inches()[0] <= 10
     assert fig.axes[4].get_title().startswith("all-gather step 1 of 3")
     with pytest.raises(ValueError, match="ncols"):
-        plots.ring_steps(states, ncols=0)
+        plots.ring_step_panels(states, ncols=0)
