@@ -49,6 +49,7 @@ class Private:
 
 
 _MEM = "torch.distributed._tools.mem_tracker"
+_PYTREE = "torch.utils._pytree"
 _TENSOR = "torch.distributed.tensor"
 
 API: tuple[Private, ...] = (
@@ -110,12 +111,10 @@ API: tuple[Private, ...] = (
             "fake_step.memtracker_class"),
     Private("FakeTensorMode", "torch._subclasses.fake_tensor:FakeTensorMode", "the mode that makes tensors fake",
             "fake_step.measured_step"),
-    Private("tree_map_only", "torch.utils._pytree:tree_map_only", "maps a function over a pytree's leaves of a type",
-            "fake_step.memtracker_class"),
-    Private("tree_flatten", "torch.utils._pytree:tree_flatten", "a pytree's leaves and spec",
-            "fake_step._collective_on_copies"),
-    Private("tree_unflatten", "torch.utils._pytree:tree_unflatten", "a pytree from leaves and spec",
-            "fake_step._collective_on_copies"),
+    # torch.utils._pytree: mapping over, flattening and rebuilding nested containers of tensors
+    Private("tree_map_only", f"{_PYTREE}:tree_map_only", "maps over leaves of a type", "fake_step.memtracker_class"),
+    Private("tree_flatten", f"{_PYTREE}:tree_flatten", "leaves and spec", "fake_step._collective_on_copies"),
+    Private("tree_unflatten", f"{_PYTREE}:tree_unflatten", "from leaves and spec", "fake_step._collective_on_copies"),
     # ---- collectives: functional ops, process groups, FSDP and DDP internals -------------------------
     Private("wait_tensor", f"torch:ops.{FUNCTIONAL_NAMESPACE}.wait_tensor.default",
             "the wait of a functional collective", "fake_step (memtracker_class, _collective_on_copies)"),

@@ -87,14 +87,6 @@ class Figure:
     value: float
     half: float
 
-    @property
-    def low(self) -> float:
-        return self.value - self.half
-
-    @property
-    def high(self) -> float:
-        return self.value + self.half
-
     def agrees(self, other: "Figure") -> bool:
         """The two can be the same quantity: same kind, and the more precise of the two rounds to the
         coarser one (its value lies strictly inside the coarser one's rounding interval). A zero
@@ -140,7 +132,7 @@ def figures(text: str) -> list[Figure]:
 def _figure_in_code(fig: Figure, literal: float) -> bool:
     """A code literal that is the figure in some unit of its kind (a percentage also as a fraction)."""
     sizes = [size for kind, size in UNITS.values() if kind == fig.kind] + ([100] if fig.kind == "percent" else [])
-    return any(fig.low <= literal * size <= fig.high for size in sizes)
+    return any(abs(literal * size - fig.value) <= fig.half for size in sizes)
 
 
 def _cell_text(cell) -> str:
