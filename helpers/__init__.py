@@ -15,6 +15,7 @@ own code written against the flat layout keep working. :data:`MOVED` lists them.
 """
 import importlib
 import importlib.abc
+import importlib.machinery
 import importlib.util
 import sys
 
@@ -38,9 +39,24 @@ MOVED = {
 }
 
 
+class _AliasSpec(importlib.machinery.ModuleSpec):
+    """The spec of an old path: named as asked, but with the real module's package, so that
+    ``python -m helpers.<old>`` runs its relative imports from where the module lives."""
+
+    def __init__(self, name, loader, real):
+        super().__init__(name, loader, origin=real.origin, is_package=real.submodule_search_locations is not None)
+        self.submodule_search_locations = real.submodule_search_locations
+        self.real = real
+
+    @property
+    def parent(self):
+        return self.real.parent
+
+
 class _Moved(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Finds ``helpers.<old>`` (and ``helpers.<old>.<sub>``) of :data:`MOVED` and hands back the module
-    at its new path, so that both names are one module (one set of globals, one class identity)."""
+    at its new path, so that both names are one module (one set of globals, one class identity); the
+    module keeps its own ``__spec__`` (reload, relative imports and runpy see its real name)."""
 
     @staticmethod
     def _target(fullname: str):
@@ -52,24 +68,19 @@ class _Moved(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def find_spec(self, fullname, path=None, target=None):
         real = self._target(fullname)
-        if real is None:
-            return None
-        spec = importlib.util.find_spec(real)
-        if spec is None:
-            return None
-        alias = importlib.util.spec_from_loader(fullname, self, origin=spec.origin,
-                                                is_package=spec.submodule_search_locations is not None)
-        alias.submodule_search_locations = spec.submodule_search_locations
-        return alias
+        spec = importlib.util.find_spec(real) if real is not None else None
+        return None if spec is None else _AliasSpec(fullname, self, spec)
 
     def create_module(self, spec):
-        return importlib.import_module(self._target(spec.name))
+        module = importlib.import_module(spec.real.name)
+        spec.loader_state = module.__spec__  # importlib sets __spec__ to the alias's: exec_module puts it back
+        return module
 
     def exec_module(self, module):
-        pass  # already executed under its real name
+        module.__spec__ = module.__spec__.loader_state  # already executed under its real name
 
     def get_code(self, fullname):  # python -m helpers.<old> (runpy asks the loader for the code)
-        real = self._target(fullname)
+        real = self._target(fullname) or fullname
         return importlib.util.find_spec(real).loader.get_code(real)
 
 

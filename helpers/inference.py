@@ -214,7 +214,7 @@ def timed_all_reduces(durations: list):
     row-parallel layers all-reduce, for the duration of the ``with`` block. Calls on a group of
     one rank (no communication) are not counted.
     """
-    from . import tp_layers as tpmod
+    from .tensor_parallel import layers as tpmod
 
     original = tpmod.all_reduce_sum
 

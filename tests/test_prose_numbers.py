@@ -108,3 +108,7 @@ def test_counts_and_intensities_are_not_figures():
 def test_a_percentage_input_may_be_written_as_a_fraction(tmp_path):
     text = "Take p = 95%. <!-- figures: 95% = input -->"
     assert prose.check(_notebook(tmp_path, text, code="p = 0.95")) == []
+
+
+def test_code_is_not_prose():
+    assert prose.figures("```\ntime.sleep(0.05)  # 50 ms\n```\nand ``x = 2 GB`` and `3 s`") == []

@@ -10,7 +10,7 @@ rounding the book does not state). One source of truth: edit the ledger.
 """
 from __future__ import annotations
 
-from .. import claims
+from . import claims
 
 COLUMNS = ("id", "section", "claim", "book_value", "computed_value", "verdict", "why")
 VERDICTS = claims.ERRATA_VERDICTS

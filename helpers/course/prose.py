@@ -108,7 +108,8 @@ def _figure(text, digits, exp, unit) -> Figure:
 
 def figures(text: str) -> list[Figure]:
     """Every figure in ``text`` (inline code excluded: a name like ``bytes_sent`` is not a figure)."""
-    text = re.sub(r"`[^`\n]*`", " ", text)
+    text = re.sub(r"```.*?```", " ", text, flags=re.S)  # a fenced code block, then inline code
+    text = re.sub(r"``.*?``|`[^`\n]*`", " ", text)
     text = re.sub(r"\]\([^)\s]*\)", "]", text)  # a link's target is an address, not prose
     text = re.sub(r"\\text\{([^}]*)\}", r"\1", text).replace("\\,", " ").replace("\\%", "%").replace("$", " ")
     out = []

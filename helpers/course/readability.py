@@ -128,7 +128,7 @@ def legend_overlaps(fig, renderer=None) -> list[str]:
         lines, patches, colls = _data_artists(ax)
         hit = []
         for ln in lines:
-            xy = ln.get_transform().transform(np.column_stack(ln.get_data()).astype(float))
+            xy = ln.get_transform().transform(ln.get_xydata().astype(float))
             if any(_inside(view, p) and _inside(box, p) for p in xy if np.all(np.isfinite(p))):
                 hit.append(f"line {ln.get_label()!r}" if not ln.get_label().startswith("_") else "a line")
         group = {id(p): c.get_label() for c in ax.containers for p in getattr(c, "patches", ())}

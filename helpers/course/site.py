@@ -32,7 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from .. import __version__, claims, errata
+from .. import __version__
+from . import claims, errata
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"

@@ -49,8 +49,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from .. import pool as kernel_pool
 from ..validate import integer_at_least, positive_number
+from . import pool as kernel_pool
 from .collect import ask_status, collect, print_outputs
 from .commlog import CommOp, Span, summarize
 from .hang import diagnose

@@ -193,7 +193,7 @@ class Pool:
         self.ctx = ctx
 
     def grow(self, n: int, deadline: float):
-        from .. import worker
+        from . import worker
 
         new = []
         for rank in range(len(self.procs), n):

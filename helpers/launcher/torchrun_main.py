@@ -20,7 +20,7 @@ import json
 import os
 from datetime import timedelta
 
-from .. import worker
+from . import worker
 
 
 def resolve(target: str):
