@@ -17,6 +17,7 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import os
 import sys
 
 __version__ = "0.1.0"
@@ -89,7 +90,7 @@ if not any(isinstance(f, _Moved) for f in sys.meta_path):
 
 # WORKBOOK_CHECK_FIGURES=1 (the suite sets it): in an IPython kernel, check every figure a cell
 # displays and fail the cell on an unreadable one (helpers/course/readability.py). Costs nothing otherwise.
-if __import__("os").environ.get("WORKBOOK_CHECK_FIGURES") == "1":
+if os.environ.get("WORKBOOK_CHECK_FIGURES") == "1":
     from .course import readability as _readability
 
     _readability.install_if_asked()

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from helpers import claims
+from helpers.course import prose
 
 ROOT = Path(__file__).resolve().parents[1]
 AUDIT = ROOT / "data" / "audit" / "narrative"
@@ -30,16 +31,7 @@ def _notebook_text(name):
     assert path is not None, f"no notebook {name}"
     nb = json.loads(path.read_text())
     parts = ["".join(c["source"]) for c in nb["cells"]]
-    return "\n".join(parts) + "\n" + claims_text(nb)
-
-
-def claims_text(nb):
-    out = []
-    for c in nb["cells"]:
-        for o in c.get("outputs", []):
-            out.append("".join(o.get("text", "")))
-            out += ["".join(v) for k, v in o.get("data", {}).items() if k.startswith("text/")]
-    return "\n".join(out)
+    return "\n".join(parts) + "\n" + prose.output_text(nb)
 
 
 def test_every_section_was_audited():

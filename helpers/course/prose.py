@@ -179,10 +179,10 @@ def _in_code(fig: Figure, code: str) -> bool:
     return any(_figure_in_code(fig, float(lit.replace("_", ""))) for lit in _LITERAL.findall(code))
 
 
-def _check_mark(fig: Figure, kind: str, ref: str, stem: str, code: str) -> str | None:
-    """None if the mark supports the figure, else why not."""
+def _check_mark(fig: Figure, kind: str, ref: str, ledger: dict[str, str], code: str) -> str | None:
+    """None if the mark supports the figure, else why not (``ledger``: :func:`_ledger`)."""
     if kind == "book":
-        row = _ledger().get(ref)
+        row = ledger.get(ref)
         if row is None:
             return f"'{fig.text}' is marked as the chapter's figure {ref}, which is not a row of the ledger (data/claims/)"
         if not any(fig.agrees(g) for g in figures(row)):
@@ -207,7 +207,7 @@ def check(path: Path | str) -> list[str]:
     nb = json.loads(path.read_text())
     shown = figures(output_text(nb))
     code = "\n".join(_cell_text(c) for c in nb["cells"] if c["cell_type"] == "code")
-    problems = []
+    problems, ledger = [], None
     for i, cell in enumerate(nb["cells"]):
         if cell["cell_type"] != "markdown":
             continue
@@ -217,7 +217,9 @@ def check(path: Path | str) -> list[str]:
         found = figures(text)
         for fig in found:
             if fig.text in marked:
-                why = _check_mark(fig, *marked[fig.text], path.stem, code)
+                if ledger is None:  # read once a notebook, and only when a mark needs it
+                    ledger = _ledger()
+                why = _check_mark(fig, *marked[fig.text], ledger, code)
                 if why:
                     problems.append(f"{path.name} cell {i}: {why}")
             elif not any(fig.agrees(s) for s in shown):
