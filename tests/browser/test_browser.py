@@ -241,11 +241,22 @@ OPEN = """async ([path, kernel]) => {
 }"""
 KERNEL_READY = """() => { const s = window.__wb.sessionContext.session;
   return !!(s && s.kernel && s.kernel.status === 'idle' && s.kernel.connectionStatus === 'connected'); }"""
-RUN_CELLS = """async (idx) => { const nb = window.__wb.content;
-  for (const i of idx) { nb.activeCellIndex = i; nb.deselectAll();
-    await window.jupyterapp.commands.execute('notebook:run-cell'); } }"""
+# A cell counts as run when the kernel's reply set its execution count in this browser (the count
+# the file stored is not null either, so "not null" alone passed before a cell had run: CI saw a
+# controls cell with no output yet). run-cell acts on the shell's current notebook: it must be ours.
+WATCH = """(idx) => { const w = window.__wb; w.__ran = new Set();
+  for (const i of idx) w.content.widgets[i].model.stateChanged.connect((_, a) => {
+    if (a.name === 'executionCount' && a.newValue !== null) w.__ran.add(i); }); }"""
+RUN_CELLS = """async (idx) => { const w = window.__wb, nb = w.content, app = window.jupyterapp;
+  for (const i of idx) {
+    if (app.shell.currentWidget !== w) app.shell.activateById(w.id);
+    if (app.shell.currentWidget !== w) throw new Error('the notebook is not the current widget: cannot run it');
+    nb.activeCellIndex = i; nb.deselectAll();
+    const ok = await app.commands.execute('notebook:run-cell');
+    if (ok === undefined) throw new Error(`run-cell did not run cell ${i}`);
+  } }"""
 RAN = """(idx) => { const w = window.__wb; if (w.sessionContext.session.kernel.status !== 'idle') return false;
-  return idx.every(i => w.content.widgets[i].model.executionCount !== null); }"""
+  return idx.every(i => w.__ran && w.__ran.has(i)); }"""
 ERRORS = """(idx) => idx.flatMap(i => window.__wb.content.widgets[i].model.outputs.toJSON()
   .filter(o => o.output_type === 'error').map(o => `cell ${i}: ${o.ename}: ${o.evalue}`))"""
 ASK_KERNEL = """async (code) => { const k = window.__wb.sessionContext.session.kernel; let out = '';
@@ -253,9 +264,14 @@ ASK_KERNEL = """async (code) => { const k = window.__wb.sessionContext.session.k
   f.onIOPub = m => { if (m.header.msg_type === 'stream' && m.content.name === 'stdout') out += m.content.text;
     if (m.header.msg_type === 'error') out += `ERROR ${m.content.ename}: ${m.content.evalue}`; };
   await f.done; return out; }"""
+# closed as a student closes a tab (the shell's close path, which moves the focus first): a bare
+# dispose() left an activate request to the disposed notebook ("reading 'footer'" on CI)
 CLOSE = """async (shutdown) => { const w = window.__wb; w.context.model.dirty = false;  // close without saving
   if (shutdown) await w.sessionContext.shutdown();
-  w.dispose(); window.__wb = undefined; }"""
+  w.close();
+  for (let t = 0; !w.isDisposed && t < 100; t++) await new Promise(r => setTimeout(r, 100));
+  if (!w.isDisposed) w.dispose();
+  window.__wb = undefined; }"""
 CONTROLS_REPORT = """import json as _json
 from helpers import plots as _plots
 def _readout(w):  # what a slider's readout must show: its label, or its number
@@ -382,6 +398,9 @@ def test_notebook_in_the_browser(page, lab, path):
     before = path.read_bytes()
     assert before == (NOTEBOOKS / rel).read_bytes(), f"{rel}: the served copy differs from the notebook"
     controls, need = control_cells(nb)
+    # each notebook answers for its own console errors (a failed test left the earlier one's here,
+    # and CI blamed the next notebook for them)
+    page.console_errors.clear()
     if FULL:
         page.last_serial = -1  # a fresh kernel numbers its controls from 0
     opened = time.monotonic()
@@ -415,6 +434,7 @@ def test_notebook_in_the_browser(page, lab, path):
     report = []
     try:
         idx = [i for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code"] if FULL else need
+        page.evaluate(WATCH, idx)
         if FULL:
             page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
         else:
@@ -432,7 +452,10 @@ def test_notebook_in_the_browser(page, lab, path):
         for k, (i, rep) in enumerate(zip(controls, report)):
             where = f"{rel} cell {i}"
             cell = _cell_node(page, i)
-            children = cell.locator(".jp-Cell-outputArea > .jp-OutputArea-child").count()
+            children = cell.locator(".jp-Cell-outputArea > .jp-OutputArea-child")
+            with contextlib.suppress(TimeoutError):  # the output area draws after the reply
+                _wait(lambda: children.count() >= 1, 10)
+            children = children.count()
             assert children == 1, f"{where}: {children} outputs in the cell; the controls' output belongs in them"
             drawn = cell.locator(".jp-OutputArea .widget-inline-hbox").count()
             assert drawn >= rep["controls"], f"{where}: {drawn} of {rep['controls']} controls drawn as widgets"
@@ -556,6 +579,7 @@ def test_a_saved_notebook_reopens_with_working_controls(page, lab):
     controls, need = control_cells(json.loads(path.read_text()))
     page.evaluate(OPEN, [rel, None])
     page.wait_for_function(KERNEL_READY, timeout=90_000, polling=200)
+    page.evaluate(WATCH, need)
     page.evaluate(RUN_CELLS, need)
     page.wait_for_function(RAN, arg=need, timeout=180_000, polling=300)
     _wait(lambda: page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .widget-inline-hbox").count() > 0, 30)
@@ -575,6 +599,7 @@ def test_a_saved_notebook_reopens_with_working_controls(page, lab):
         _cell_node(page, i)
         _wait(lambda: "Run this cell to get the controls" in _output_text(_cell_node(page, i)), 30)
     assert "Error displaying widget" not in " ".join(panel.locator(".jp-OutputArea").all_text_contents())
+    page.evaluate(WATCH, need)
     page.evaluate(RUN_CELLS, need)
     page.wait_for_function(RAN, arg=need, timeout=180_000, polling=300)
     _wait(lambda: panel.locator(".widget-inline-hbox").count() > 0, 30)
