@@ -83,7 +83,8 @@ def graded(tmp_path_factory):
         for who in STUDENTS:
             (nb,) = gb.find_submission(ASSIGNMENT, who).notebooks
             scores[who] = {g.name: (g.auto_score, g.max_score) for g in nb.grades}
-    return {"released": released, "scores": scores, "feedback": feedback}
+    blank = nbformat.read(course / "autograded" / "blank" / ASSIGNMENT / SOURCE.name, as_version=4)
+    return {"released": released, "scores": scores, "feedback": feedback, "blank": blank}
 
 
 def test_generate_assignment_releases_what_our_student_build_writes(graded):
@@ -119,3 +120,17 @@ def test_feedback_shows_a_failed_check_as_its_message_alone(graded):
     html = graded["feedback"]["mixed"]
     assert "CheckFailed: not quite: the loss scale" in html and "NotAnswered: not answered yet" in html
     assert "helpers/course/exercises" not in html and "most recent call last" not in html
+
+
+def test_an_untouched_edition_runs_to_the_end_and_every_check_says_not_answered(graded):
+    # the student edition as handed out, executed whole by nbgrader: each check cell (and nothing else)
+    # shows one error, "not answered yet", as its message alone (no frame of the checking code)
+    nb = graded["blank"]
+    checks = [i for i, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade_id", "").endswith("-check")]
+    errors = [(i, o) for i, c in enumerate(nb.cells) if c.cell_type == "code" for o in c.outputs
+              if o.output_type == "error"]
+    assert [i for i, _ in errors] == checks, [(i, o.ename, o.evalue) for i, o in errors]
+    for _, o in errors:
+        assert o.ename == "NotAnswered" and "not answered yet" in o.evalue, (o.ename, o.evalue)
+        assert o.traceback == [f"{o.ename}: {o.evalue}"], o.traceback
+    assert all(c.execution_count is not None for c in nb.cells if c.cell_type == "code")

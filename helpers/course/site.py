@@ -411,7 +411,7 @@ def ensure_toolchain() -> str | None:
     with open(Path(sys.prefix) / ".workbook-site-install.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if toolchain_missing() is not None:
-            subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-r", str(REQUIREMENTS)],
+            subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-compile", "-r", str(REQUIREMENTS)],
                            capture_output=True)
             importlib.invalidate_caches()
     return toolchain_missing()
