@@ -549,6 +549,10 @@ def _controls_class():
             name = next(k for k, x in self.widgets.items() if x is w)
             note = (f"You moved '{w.description or name}' from {_show_value(w, change['old'])} to "
                     f"{_show_value(w, change['new'])} (it starts at {_show_value(w, self.start[name])}).")
+            # the last result goes while the callback works (a fake-world trace takes seconds): no
+            # figure stays up for values it was not drawn for
+            self.out.outputs = ({"output_type": "stream", "name": "stdout",
+                                 "text": f"Working: '{w.description or name}' is now {_show_value(w, change['new'])} ...\n"},)
             self._draw(note)
 
         def _draw(self, note, first=False):

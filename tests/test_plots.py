@@ -65,6 +65,19 @@ def test_controls_run_once_then_once_per_change_and_say_what_moved():
     assert c.widgets["a"].style.description_width == f"{len('size') + 2}ch"
 
 
+def test_while_a_change_is_worked_on_the_old_result_is_gone_and_says_so():
+    seen = []
+
+    def f(a):
+        seen.append(_text(c) if seen else None)  # what the Output shows while the callback runs
+        plots.say(f"a is {a}")
+
+    c = plots.controls(f, a=IntSlider(3, 0, 9))
+    c.widgets["a"].value = 4
+    assert seen == [None, "Working: 'a' is now 4 ...\n"]
+    assert _text(c) == "You moved 'a' from 3 to 4 (it starts at 3).\na is 4\n"
+
+
 def test_controls_show_figures_as_png_and_leave_pyplot_alone():
     import base64
 
