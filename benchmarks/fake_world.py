@@ -14,7 +14,13 @@ Prints one `name: value` line per figure:
                                  the planner told PyTorch's recipe (Rules(activation_model="pytorch"));
                                  target <= 0.10, every larger gap explained in its notebook
   planner_vs_fake_rel_err <case> the same for each configuration, and FLOPs per rank
-Run: python benchmarks/fake_world.py   (timings; not a test)
+  published_memory <id>          each point of data/published/memory.csv (per-GPU peak measured on real
+                                 clusters): the fake world's peak (allocated) beside it, exact or nearest
+                                 recipe (what the trace does not do), or refused with the reason
+  published_memory_within_15pct  k/n over the points the fake world traces exactly
+  published_memory_max_rel_err   the largest |fake / published - 1| over those points (goal <= 0.15)
+  published_memory_nearest_*     the same over the nearest-recipe points (compile, Float8: not traced)
+Run: python benchmarks/fake_world.py   (timings; not a test; --published: the published points only)
 """
 import sys
 import time
@@ -23,7 +29,29 @@ from helpers import fake_cases
 from helpers.memory import GB
 
 
+def published_memory():
+    from helpers.fake_world import published as fp
+
+    matches = fp.match()
+    rows = {r["id"]: r for r in fp.compare(matches)}
+    for m in matches:
+        if m.kind == "refused":
+            print(f"published_memory {m.point.id}: refused ({m.reason})")
+            continue
+        r = rows[m.point.id]
+        how = "exact recipe" if m.kind == "exact" else "nearest recipe; not traced: " + "; ".join(
+            d.split(" (")[0] for d in m.differences)
+        print(f"published_memory {m.point.id}: fake {r['fake GiB']:.1f} GiB / published {r['published GiB']:.1f} GiB "
+              f"= {r['ratio']:.3f}  ({m.case.model.name}, {m.case.layout.label()}; {how})")
+    for kind, name in (("exact", "published_memory"), ("nearest", "published_memory_nearest")):
+        errs = [abs(r["ratio"] - 1) for r in rows.values() if r["kind"] == kind]
+        print(f"{name}_within_15pct: {sum(e <= 0.15 for e in errs)}/{len(errs)}")
+        print(f"{name}_max_rel_err: " + (f"{max(errs):.3f}" if errs else "none (no such point)"))
+
+
 def main():
+    if "--published" in sys.argv:
+        return published_memory()
     cases = fake_cases.cases()
     llama = next(c for k, c in cases.items() if k.startswith("12.4.2") and "(128K)" in k)
     t0, c0 = time.perf_counter(), time.process_time()
@@ -48,6 +76,7 @@ def main():
         if err > worst:
             worst, worst_key = err, key
     print(f"planner_vs_fake_max_rel_err: {worst:.3f}  ({worst_key})")
+    published_memory()
 
 
 if __name__ == "__main__":

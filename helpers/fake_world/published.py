@@ -1,0 +1,136 @@
+"""The fake world beside memory measured on real clusters (issue 26; ``data/published/memory.csv``).
+
+:func:`match` turns each published point (:func:`helpers.published.memory_points`) into the fake
+world's nearest configuration, a :class:`~helpers.fake_world.cases.Case`, and says what of the
+published recipe the trace does not do. A point is
+
+* ``exact`` when the trace does everything the run did that moves memory: the same model, degrees,
+  local batch, sequence, recomputation and BF16/FP32 precision policy, eager;
+* ``nearest`` when the trace runs the same model, degrees, batch and sequence but the run also used
+  something the trace cannot do (``differences``: torch.compile, Float8 linears, async TP,
+  interleaved 1F1B), each of which changes the measured figure;
+* ``refused`` when no trace stands for it (``reason``): a sequence the source does not state, a
+  recomputation the fake world refuses (its own error message), HSDP.
+
+The published figures are, as far as their sources say, the caching allocator's peak *reserved*
+bytes (torchtitan logs ``max_reserved``); the fake world reports peak *allocated* bytes. Reserved is
+allocated plus the allocator's rounding and cached free blocks, so an exact point is expected to
+read somewhat low. :func:`compare` runs the matched traces and gives the ratio per point.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..case_studies import llama3_model
+from ..planner import Layout, Model, Rules, h100_cluster
+from . import uneven_stages
+from .cases import Case
+
+GIB = 2**30
+
+
+def llama31(name: str, seq_len: int) -> Model:
+    """Llama 3.1's 8B and 70B (Meta's published ``config.json``: layers, hidden size, heads, KV heads,
+    the SwiGLU width, vocabulary 128,256, untied embeddings), and 405B from ``data/configs``."""
+    if name == "llama3.1_405b":
+        return llama3_model(seq_len)
+    dims = {"llama3.1_8b": (32, 4096, 32, 14336), "llama3.1_70b": (80, 8192, 64, 28672)}
+    if name not in dims:
+        raise ValueError(f"no model named {name!r}: known are {sorted(dims) + ['llama3.1_405b']}")
+    layers, hidden, heads, ffn = dims[name]
+    return Model(name, layers=layers, hidden=hidden, heads=heads, kv_heads=8, ffn=ffn, mlp_matrices=3,
+                 seq_len=seq_len, vocab=128256)
+
+
+# what a run did that the trace does not, by the word its row uses, and which way it moves memory
+NOT_TRACED = {
+    "torch.compile": "torch.compile (fused kernels free intermediates early: lower than eager, 77.0 vs "
+                     "82.4 GiB in torchtitan's own Table 1)",
+    "Float8": "Float8 linears (torchao: FP8 copies of weights and activations for the matmuls)",
+    "async TP": "async TP (micro-pipelined all-gather + matmul: its own buffers)",
+}
+RECOMPUTE = {"none": "none", "full": "full", "selective-op": "selective", "selective": "selective"}
+
+
+@dataclass(frozen=True)
+class Match:
+    """One published point and the fake world's nearest trace of it (module docstring)."""
+    point: object
+    kind: str  # "exact", "nearest" or "refused"
+    case: Case | None
+    differences: tuple = ()
+    reason: str = ""
+
+
+def _layout(point) -> tuple[Layout | None, str]:
+    lay = point.layout
+    if lay.seq_len is None:
+        return None, "the source states no sequence length"
+    if lay.dp_replicate not in (1, None):
+        return None, f"HSDP (dp_replicate={lay.dp_replicate}) is not built in the fake world"
+    degrees = {k: getattr(lay, k) for k in ("dp_shard", "tp", "pp", "cp", "local_batch")}
+    missing = [k for k, v in degrees.items() if v is None]
+    if missing:
+        return None, f"the source leaves {', '.join(missing)} unstated"
+    if lay.pp and lay.pp > 1 and lay.micro_batches is None:
+        return None, ("the source leaves the pipeline's micro-batch count unstated (at 1F1B's peak stage 0 holds "
+                      "PP micro-batches: their size sets the activations)")
+    if "nterleaved" in lay.pp_schedule:
+        return None, f"the schedule is {lay.pp_schedule} (v > 1 stages a rank): the trace runs plain 1F1B only"
+    recompute = RECOMPUTE.get(lay.recompute)
+    if recompute is None:
+        return None, f"recompute {lay.recompute!r} has no counterpart in the fake world"
+    # torchtitan: FSDP (ZeRO-3) over dp_shard; the local batch is one micro-batch without a pipeline, and
+    # split into the stated micro-batches with one
+    if lay.pp > 1 and lay.local_batch % lay.micro_batches:
+        return None, f"{lay.micro_batches} micro-batches do not divide the local batch {lay.local_batch}"
+    mb = lay.local_batch // lay.micro_batches if lay.pp > 1 else lay.local_batch
+    try:
+        layout = Layout(dp=lay.dp_shard, tp=lay.tp, pp=lay.pp, cp=lay.cp, zero=3, micro_batch=mb,
+                        recompute=recompute, sequence_parallel=lay.tp > 1)
+    except ValueError as e:
+        return None, f"the planner's Layout refuses it: {e}"
+    return layout, ""
+
+
+def match(points=None) -> list[Match]:
+    """Every published memory point with its nearest trace (module docstring)."""
+    from .. import published
+    from . import check
+
+    out = []
+    for p in published.memory_points() if points is None else points:
+        layout, why = _layout(p)
+        if layout is None:
+            out.append(Match(p, "refused", None, reason=why))
+            continue
+        model = llama31(p.layout.model, p.layout.seq_len)
+        # a pipeline that does not divide the layers: the first stages one layer more (the source
+        # names no split points; Llama 3 405B's 126 layers over 8 stages)
+        stages = uneven_stages(model.layers, layout.pp) if model.layers % layout.pp else None
+        try:
+            check(model, layout, None, stages)
+        except ValueError as e:  # the fake world's own refusal, by name
+            out.append(Match(p, "refused", None, reason=f"the fake world refuses it: {e}"))
+            continue
+        recipe = f"{p.layout.precision}; {p.layout.other}; {p.layout.pp_schedule}"
+        differences = tuple(text for word, text in NOT_TRACED.items() if word in recipe)
+        m = p.layout.micro_batches if layout.pp > 1 else 1
+        sim = {"micro_batches": m, "trace_layers": 2, **({"stages": stages} if stages else {})}
+        case = Case("published", p.id, model, layout, h100_cluster(layout.devices),
+                    layout.dp * layout.micro_batch * m, Rules(dropout=False), sim)
+        out.append(Match(p, "nearest" if differences else "exact", case, differences))
+    return out
+
+
+def compare(matches=None) -> list[dict]:
+    """The traced peak beside each published figure, for every point that is not refused."""
+    rows = []
+    for mt in match() if matches is None else matches:
+        if mt.case is None:
+            continue
+        step = mt.case.simulate()
+        rows.append({"id": mt.point.id, "kind": mt.kind, "published GiB": mt.point.value_gib,
+                     "fake GiB": step.peak_bytes / GIB, "ratio": step.peak_bytes / GIB / mt.point.value_gib,
+                     "differences": mt.differences})
+    return rows

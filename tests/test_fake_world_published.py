@@ -1,0 +1,52 @@
+"""The fake world matched to memory measured on real clusters (helpers.fake_world.published; issue 26)."""
+import dataclasses
+
+import pytest
+
+from helpers import published
+from helpers.fake_world import published as fp
+
+
+@pytest.fixture(scope="module")
+def matches():
+    return {m.point.id: m for m in fp.match()}
+
+
+def test_llama31_dims_give_the_published_parameter_counts():
+    # Meta's model cards: 8.03B and 70.6B parameters (embeddings and output head untied)
+    assert fp.llama31("llama3.1_8b", 8192).total_params == pytest.approx(8.03e9, rel=2e-3)
+    assert fp.llama31("llama3.1_70b", 8192).total_params == pytest.approx(70.55e9, rel=2e-3)
+    with pytest.raises(ValueError, match="llama3.1_8b"):
+        fp.llama31("llama3.1_13b", 8192)
+
+
+def test_every_point_is_matched_or_refused_with_its_reason(matches):
+    assert len(matches) == len(published.memory_points()) >= 10
+    for m in matches.values():
+        assert m.kind in ("exact", "nearest", "refused")
+        assert (m.case is None) == (m.kind == "refused")
+        assert (m.reason != "") == (m.kind == "refused"), m
+        assert (len(m.differences) > 0) == (m.kind == "nearest"), m
+
+
+def test_a_matched_point_carries_the_runs_configuration(matches):
+    # tt24-t2-02: Llama 3.1 8B on 8 GPUs, FSDP 4 x CP 2, local batch 1 of 65,536 tokens, full AC,
+    # torch.compile and Float8 (read in its row of data/published/memory.csv)
+    m = matches["tt24-t2-02"]
+    lay = m.case.layout
+    assert (lay.dp, lay.tp, lay.pp, lay.cp, lay.zero, lay.micro_batch, lay.recompute) == (4, 1, 1, 2, 3, 1, "full")
+    assert m.case.model.seq_len == 65536 and m.case.model.layers == 32 and lay.devices == 8
+    assert m.kind == "nearest" and any("compile" in d for d in m.differences) and any("Float8" in d for d in m.differences)
+
+
+def test_refusals_name_what_is_missing(matches):
+    assert "no sequence length" in matches["ttp-t1-01"].reason
+    assert "micro-batch count unstated" in matches["tt24-t5-01"].reason
+    # selective recomputation: the fake world's own refusal, by name, while it traces none and full only
+    sel = matches["tt24-t1-01"]
+    if sel.kind == "refused":
+        assert "the fake world refuses it" in sel.reason and "selective" in sel.reason
+    point = next(p for p in published.memory_points() if p.id == "tt24-t2-01")
+    hsdp = dataclasses.replace(point, layout=dataclasses.replace(point.layout, dp_replicate=2))
+    (m,) = fp.match([hsdp])
+    assert m.kind == "refused" and "HSDP" in m.reason
