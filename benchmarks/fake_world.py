@@ -20,12 +20,17 @@ Prints one `name: value` line per figure:
   published_memory_within_15pct  k/n over the points the fake world traces exactly
   published_memory_max_rel_err   the largest |fake / published - 1| over those points (goal <= 0.15)
   published_memory_nearest_*     the same over the nearest-recipe points (compile, Float8: not traced)
+  step_time <case>               fake_world.step_time on H100: step s, MFU, breakdown, the planner's step s
+  timing_overhead                simulate with timing=True over timing=False (12.4.1 70B case; goal <= 1.20)
+  published_mfu_within_15pct     k/n published runs (helpers.published.throughput_runs, where it exists) whose MFU
+  published_mfu_max_rel_err      the step-time model gives within 15%; the largest relative error; every run
+                                 it cannot express listed with the reason
 Run: python benchmarks/fake_world.py   (timings; not a test; --published: the published points only)
 """
 import sys
 import time
 
-from helpers import fake_cases
+from helpers import fake_cases, fake_world
 from helpers.memory import GB
 
 
@@ -65,6 +70,7 @@ def main():
         same = full.memory == step.memory and full.comm == step.comm and full.flops == step.flops
         print(f"fake_405b_16384_extrapolated_equals_full: {same}")
     worst, worst_key = 0.0, None
+    steps = {}
     for key, case in cases.items():
         s = step if case is llama else case.simulate()
         rows = {q: (a, b, f) for q, a, b, f in fake_cases.memory_rows(case, s)}
@@ -75,8 +81,38 @@ def main():
               f"FLOPs PyTorch / planner {s.flops / flops:.3f})")
         if err > worst:
             worst, worst_key = err, key
+        steps[key] = fake_world.step_time(s)
     print(f"planner_vs_fake_max_rel_err: {worst:.3f}  ({worst_key})")
+    for key, st in steps.items():
+        print(f"step_time {key}: {st.step_s:.2f} s, MFU {st.mfu:.3f}, " + ", ".join(
+            f"{k} {v:.2f}" for k, v in st.breakdown.items()) + f"; planner {st.planner['step_s']:.2f} s")
+    case = next(c for k, c in cases.items() if k.startswith("12.4.1 70B"))
+    cpu = {}
+    for timing in (False, True, True, False):
+        c0 = time.process_time()
+        case.simulate(timing=timing)
+        cpu.setdefault(timing, []).append(time.process_time() - c0)
+    print(f"timing_overhead: {sum(cpu[True]) / sum(cpu[False]):.3f}  (CPU seconds of simulate, with / without)")
+    published()
     published_memory()
+
+
+def published():
+    try:
+        from helpers.published import throughput_runs
+    except ImportError:
+        print("published_mfu_within_15pct: n/a  (helpers.published is not in this tree)")
+        return
+    from helpers.fake_world.timing import compare_published
+
+    out = compare_published(throughput_runs())
+    print(f"published_mfu_within_15pct: {out['within_15pct']}/{out['n']}")
+    print(f"published_mfu_max_rel_err: {out['max_rel_err']:.3f}")
+    for r in out["rows"]:
+        print(f"published {r['id']}: {r['layout']} on {r['device']}: ours {r['ours']:.3f} ({r['compared']}) "
+              f"published {r['published']:.3f}, rel err {r['rel_err']:+.3f}")
+    for run_id, why in out["cannot"]:
+        print(f"published_cannot {run_id}: {why}")
 
 
 if __name__ == "__main__":

@@ -64,6 +64,7 @@ from .. import torch_private, validate
 from ..launcher.commlog import ring_bytes_sent
 from ..planner import Layout, Model
 from ..torch_private import PINNED_TORCH  # noqa: F401 (helpers.fake_world.PINNED_TORCH, as before)
+from . import timing as timing_
 
 MAX_LAYER_PASSES = 300  # default refusal limit
 SECONDS_PER_PASS = 0.15  # one layer's forward or backward for one micro-batch, traced (2-core machine, under load)
@@ -188,6 +189,9 @@ class FakeStep:
     notes: list = field(default_factory=list)
     per_layer: dict | None = None
     per_layer_comm: list | None = None
+    timing: list | None = None  # the op trace by phase, for helpers.fake_world.timing.step_time
+    model_spec: Model | None = None
+    layout_spec: Layout | None = None
 
     @property
     def peak_bytes(self) -> float:
@@ -288,7 +292,7 @@ def plan_trace(model, layout, stages, rank, m, trace_layers, extrapolate: bool =
     return TracePlan(s, n, counts, warms, steady, m, passes)
 
 
-def _one_trace(model, layout, stages, plan, n_layers, warm, dropout, reduce_dtype, meshes):
+def _one_trace(model, layout, stages, plan, n_layers, warm, dropout, reduce_dtype, meshes, timing=True):
     """Trace the plan's stage with ``n_layers`` layers, warm-up ``warm`` and the plan's steady
     iterations; communication and FLOPs with all the steady iterations of the real schedule
     (the ones not traced are copies of the second one)."""
@@ -300,15 +304,18 @@ def _one_trace(model, layout, stages, plan, n_layers, warm, dropout, reduce_dtyp
     st[plan.stage] = n_layers
     sub = replace(model, layers=sum(st), n_params=0.0)
     r = measured_step(sub, layout, st, mt, fake=True, dropout=dropout, boundaries=extra > 0, warm=warm,
-                      reduce_dtype=reduce_dtype, meshes=meshes)
+                      reduce_dtype=reduce_dtype, meshes=meshes, op_log=timing_.OpLog() if timing else None)
     ops, flops = list(r["ops"]), r["flops"]
+    trace = timing_.trace_phases(r["op_log"], ops) if timing else None
     if extra > 0:
         idx = {(k, i): j for j, (k, i, _, _) in enumerate(r["marks"])}
         a, b = r["marks"][idx[("F", warm + 1)]], r["marks"][idx[("F", warm + 2)]]
         ops += ops[a[2]:b[2]] * extra
         flops += (b[3] - a[3]) * extra
+        if timing:
+            trace = timing_.repeat_steady(trace, warm + 1, warm + 2, extra)
     return {"memory": r["peak"], "phases": r["phases"], "held": r["held"], "comm": comm_rows(ops), "flops": flops,
-            "coords": r["coords"]}
+            "coords": r["coords"], "timing": trace}
 
 
 def _line(a, b, x0, x):
@@ -334,7 +341,7 @@ def _collinear(a, b, c) -> bool:
     return all(b[ph][x] - a[ph][x] == c[ph][x] - b[ph][x] for ph in a for x in a[ph])
 
 
-def _run_plan(model, layout, stages, plan, dropout, reduce_dtype):
+def _run_plan(model, layout, stages, plan, dropout, reduce_dtype, timing=True):
     """Run the traces of ``plan`` (in the current fake world) and extrapolate to the real stage:
     every figure linearly in the layers. Each trace runs the stage's whole 1F1B warm-up (the
     plan's one warm-up length, :func:`plan_trace`) and the plan's steady iterations; the steady
@@ -352,7 +359,7 @@ def _run_plan(model, layout, stages, plan, dropout, reduce_dtype):
 
     def run(c, v):
         if (c, v) not in runs:
-            runs[(c, v)] = _one_trace(model, layout, stages, plan, c, v, dropout, reduce_dtype, meshes)
+            runs[(c, v)] = _one_trace(model, layout, stages, plan, c, v, dropout, reduce_dtype, meshes, timing)
         return runs[(c, v)]
 
     def settle(points, make, limit, what):
@@ -380,7 +387,8 @@ def _run_plan(model, layout, stages, plan, dropout, reduce_dtype):
         return {"phases": phase_line(a["phases"], b["phases"], k, n),
                 "held": {c: _line(a["held"][c], b["held"][c], k, n) for c in a["held"]},
                 "comm": _comm_line(a["comm"], b["comm"], k, n), "flops": _line(a["flops"], b["flops"], k, n),
-                "coords": a["coords"]}
+                "coords": a["coords"],
+                "timing": a["timing"] and timing_.line(a["timing"], b["timing"], k, n)}
 
     def at(n):
         out = in_layers(warms[0], n)
@@ -402,7 +410,7 @@ def _run_plan(model, layout, stages, plan, dropout, reduce_dtype):
 def simulate(model: Model, layout: Layout, *, rank: int = 0, world_size: int | None = None, global_batch: int | None = None,
              micro_batches: int | None = None, stages=None, trace_layers: int | None = None, dropout: bool = False,
              extrapolate: bool | str = True, reduce_dtype: str = "float32",
-             max_layer_passes: int = MAX_LAYER_PASSES) -> FakeStep:
+             max_layer_passes: int = MAX_LAYER_PASSES, timing: bool = True) -> FakeStep:
     """One training step of rank ``rank`` of the ``layout.devices``-rank job, on a fake world.
 
     ``micro_batches`` per step (default: ``global_batch / (DP x micro-batch)`` when a global batch
@@ -411,9 +419,12 @@ def simulate(model: Model, layout: Layout, *, rank: int = 0, world_size: int | N
     and k + 2 layers of the stage and scale (module docstring); ``dropout``: dropout after attention and
     MLP (GPT, Korthikanti et al.), off for Llama; ``reduce_dtype``: the dtype gradients are reduced
     (and, under ZeRO-1, accumulated) in, FP32 by default as in torchtitan, "bfloat16" as the
-    chapters assume.
+    chapters assume; ``timing``: record every op's shapes, FLOPs and bytes by phase of the
+    schedule, for :func:`step_time` (``FakeStep.timing``; None without).
     """
     stages = check(model, layout, world_size, stages)
+    if timing not in (True, False):
+        raise ValueError(f"timing must be True or False, got {timing!r}")
     if reduce_dtype not in ("float32", "bfloat16"):
         raise ValueError(f"reduce_dtype must be 'float32' or 'bfloat16', got {reduce_dtype!r}")
     world = layout.devices
@@ -434,7 +445,7 @@ def simulate(model: Model, layout: Layout, *, rank: int = 0, world_size: int | N
             + "raise max_layer_passes")
     t0 = time.perf_counter()
     with fake_world(world, rank):
-        res = _run_plan(model, layout, stages, plan, dropout, reduce_dtype)
+        res = _run_plan(model, layout, stages, plan, dropout, reduce_dtype, bool(timing))
     notes = []
     if len(res["layer_counts"]) == 2:
         notes.append(f"traced {res['layer_counts'][0] - 1} to {res['layer_counts'][1]} of the stage's {plan.layers} "
@@ -447,4 +458,10 @@ def simulate(model: Model, layout: Layout, *, rank: int = 0, world_size: int | N
                     stage_layers=plan.layers, layers_traced=res["layer_counts"], micro_batches=m,
                     micro_batches_traced=max(mts), memory=res["memory"], held=res["held"], comm=res["comm"],
                     flops=res["flops"], wall_s=time.perf_counter() - t0, notes=notes, per_layer=res["per_layer"],
-                    per_layer_comm=res["per_layer_comm"])
+                    per_layer_comm=res["per_layer_comm"], timing=res["timing"], model_spec=model, layout_spec=layout)
+
+
+def step_time(step: FakeStep, device: str = "h100_sxm", **options):
+    """Step time, tokens/s/GPU, MFU and its breakdown on ``device`` from ``step``'s trace:
+    :func:`helpers.fake_world.timing.step_time` (its docstring gives the options)."""
+    return timing_.step_time(step, device, **options)

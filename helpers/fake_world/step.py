@@ -534,6 +534,8 @@ def flop_counter():
                     if r is not NotImplemented:
                         return r
             out = func(*args, **kwargs)
+            if counter.op_log is not None:  # each op's shapes, FLOPs and bytes (helpers.fake_world.timing)
+                counter.op_log.record(func, args, out, counter.flop_registry)
             return count_flops(counter, func.overloadpacket, out, args, kwargs)
 
     class _Counter(FlopCounterMode):
@@ -550,6 +552,7 @@ def flop_counter():
 
     counter = _Counter(display=False, custom_mapping={sdpa_flash_cpu: fwd, sdpa_flash_cpu_backward: bwd})
     counter.mod_tracker = _NoModules()
+    counter.op_log = None  # an OpLog of helpers.fake_world.timing records every op it counts
     return counter
 
 
@@ -569,11 +572,12 @@ class _NoModules:
 
 
 def measured_step(model, layout, stages, m: int, *, fake: bool, dropout: bool = False, boundaries: bool = False,
-                  warm: int | None = None, reduce_dtype: str = "float32", meshes=None) -> dict:
+                  warm: int | None = None, reduce_dtype: str = "float32", meshes=None, op_log=None) -> dict:
     """Build this rank's stage, then run and measure one step: peak bytes by category (MemTracker),
     the model state held after the step, every collective (:class:`helpers.launcher.commlog.CommLog`),
     FLOPs (FlopCounterMode) and, with ``boundaries``, the counters at each micro-batch boundary.
-    Runs in the current process group, fake or real."""
+    ``op_log`` (a :class:`helpers.fake_world.timing.OpLog`): records every op's shapes, FLOPs and
+    bytes, by phase of the schedule. Runs in the current process group, fake or real."""
     saved_lock = swap_propagation_lock(_PropagationMarker())
     try:
         t0 = time.perf_counter()
@@ -584,17 +588,19 @@ def measured_step(model, layout, stages, m: int, *, fake: bool, dropout: bool = 
 
             mode = FakeTensorMode(allow_non_fake_inputs=True)  # the meta parameters become fake
         with mode:
-            return _measure(model, layout, parts, m, init=not fake, boundaries=boundaries, t0=t0, warm=warm)
+            return _measure(model, layout, parts, m, init=not fake, boundaries=boundaries, t0=t0, warm=warm,
+                            op_log=op_log)
     finally:
         swap_propagation_lock(saved_lock)
 
 
-def _measure(model, layout, parts, m, *, init, boundaries, t0, warm):
+def _measure(model, layout, parts, m, *, init, boundaries, t0, warm, op_log=None):
 
     parts.materialize(init)
     tracker = memtracker_class()()
     tracker.track_external(parts.stage, parts.opt)
     flops = flop_counter()
+    flops.op_log = op_log
     marks, phases, current = [], {}, ["start"]
 
     def close_phase():
@@ -610,6 +616,8 @@ def _measure(model, layout, parts, m, *, init, boundaries, t0, warm):
     def mark(kind, i):
         close_phase()
         current[0] = {"F": "forward", "B": "backward", "opt": "optimizer", "end": "end"}[kind]
+        if op_log is not None:
+            op_log.start(kind, i, len(log.ops))
         if boundaries:
             marks.append((kind, i, len(log.ops), flops.get_total_flops()))
 
@@ -624,7 +632,7 @@ def _measure(model, layout, parts, m, *, init, boundaries, t0, warm):
     held = _categories(tracker.get_tracker_snapshot("current"))
     axes = _axes(parts)
     ops = [(o.op, o.bytes, o.group_size, axes.get(o.group, "?")) for o in log.ops]
-    return {"peak": peak, "phases": phases, "held": held, "ops": ops,
+    return {"peak": peak, "phases": phases, "held": held, "ops": ops, "op_log": op_log,
             "flops": flops.get_total_flops(), "marks": marks, "layers": len(parts.layer_ids),
             "coords": parts.coords, "wall_s": time.perf_counter() - t0}
 
