@@ -85,10 +85,12 @@ API: tuple[Private, ...] = (
     Private("MemTracker", f"{_MEM}:MemTracker", "memory by category, per module and peak",
             "recompute.peak_bytes, fake_step.memtracker_class (subclassed: overrides and calls these members)",
             ("_pre_fw_hook", "_update_peak_stats", "_track", "reset_mod_stats", "track_external",
-             "get_tracker_snapshot")),
+             "get_tracker_snapshot", "_update_snap", "_update_and_maybe_create_winfos")),
+    Private("UpdateType", f"{_MEM}:_UpdateType", "the kinds of change MemTracker's _update_snap applies",
+            "fake_step.memtracker_class", ("ADD", "SIZE", "REF")),
     Private("TOTAL_KEY", f"{_MEM}:_TOTAL_KEY", "the key of a snapshot's total ('Total')", "fake_step.memtracker_class"),
     Private("MemRefType", f"{_MEM}:_MemRefType", "the categories MemTracker counts a tensor under",
-            "fake_step.memtracker_class", ("OPT", "TEMP", "ACT")),
+            "fake_step.memtracker_class", ("OPT", "TEMP", "ACT", "GRAD")),
     Private("ModState", f"{_MEM}:_ModState", "the per-module states MemTracker keeps peaks for",
             "fake_step.memtracker_class", ("PEAK_FW", "PEAK_BW")),
     Private("FlopCounterDispatchMode", "torch.utils.flop_counter:_FlopCounterMode",
@@ -122,7 +124,18 @@ API: tuple[Private, ...] = (
             "a process group from its name (what functional collectives receive)", "commlog._find_group"),
     Private("FSDPModule", "torch.distributed.fsdp:FSDPModule",
             "a module wrapped by fully_shard; _set_unshard_async_op makes its all-gathers asynchronous",
-            "set_unshard_async_op (layer_overlap)", ("_set_unshard_async_op",)),
+            "set_unshard_async_op (layer_overlap), fsdp_gradient_buffers (fake_step)",
+            ("_set_unshard_async_op", "_get_fsdp_state")),
+    Private("FSDPState", "torch.distributed.fsdp._fully_shard._fsdp_state:FSDPState",
+            "a fully_shard module's state; _fsdp_param_groups (an instance's) holds its units",
+            "fsdp_gradient_buffers (fake_step)"),
+    Private("FSDPParamGroup", "torch.distributed.fsdp._fully_shard._fsdp_param_group:FSDPParamGroup",
+            "one fully_shard unit: fsdp_params (an instance's) and _partial_reduce_output, replicate's "
+            "accumulated gradient", "fsdp_gradient_buffers (fake_step)", ("post_backward",)),
+    Private("FSDPParam", "torch.distributed.fsdp._fully_shard._fsdp_param:FSDPParam",
+            "one parameter of a unit: unsharded_accumulated_grad is the FP32 gradient accumulated over "
+            "micro-batches without a reduction (ZeRO-1)", "fsdp_gradient_buffers (fake_step)",
+            ("to_accumulated_grad_if_needed",)),
     Private("DistributedDataParallel", "torch.nn.parallel:DistributedDataParallel",
             "DDP; _get_ddp_logging_data reports its buckets", "ddp_logging_data (overlap.bucket_worker)",
             ("_get_ddp_logging_data",)),
@@ -272,6 +285,27 @@ def flatten_mesh(mesh, name: str):
 def set_unshard_async_op(module, async_op: bool) -> None:
     """``FSDPModule._set_unshard_async_op``: all-gathers return a Work, waited in pre-forward (layer_overlap)."""
     _member(module, "FSDPModule", "_set_unshard_async_op")(async_op)
+
+
+def fsdp_gradient_buffers(module) -> list:
+    """Every gradient buffer FSDP2 holds for the ``fully_shard`` / ``replicate`` units in ``module``
+    besides the parameters' ``.grad``: each parameter's FP32 gradient accumulated over micro-batches
+    without a reduction (``FSDPParam.unsharded_accumulated_grad``), the unsharded parameter's own
+    ``.grad``, and replicate's gradient accumulated after its reduction (``_partial_reduce_output``)
+    (fake_step files them under gradients)."""
+    FSDPModule = get("FSDPModule")
+    out = []
+    for mod in module.modules():
+        if not isinstance(mod, FSDPModule):
+            continue
+        state = _member(mod, "FSDPModule", "_get_fsdp_state")()
+        for group in _member(state, "FSDPState", "_fsdp_param_groups"):
+            for fp in _member(group, "FSDPParamGroup", "fsdp_params"):
+                out.append(_member(fp, "FSDPParam", "unsharded_accumulated_grad"))
+                unsharded = getattr(fp, "_unsharded_param", None)  # absent until the first all-gather
+                out.append(None if unsharded is None else unsharded.grad)
+            out.append(_member(group, "FSDPParamGroup", "_partial_reduce_output"))
+    return [t for t in out if t is not None]
 
 
 def ddp_logging_data(ddp) -> dict:

@@ -73,8 +73,9 @@ def test_the_comparison_sees_a_difference(real):
 def test_counts_are_the_mechanisms():
     """FSDP2 over DP4, ZeRO-3, 2 micro-batches: each of the 3 FSDP units (2 blocks + the stage's
     embedding, norm and head) gathers its weights in forward and again in backward for every
-    micro-batch and reduce-scatters its gradients; BF16 gathers, FP32 gradient reductions."""
-    r = fw.simulate(TINY, Layout(dp=4, zero=3), micro_batches=2)
+    micro-batch (reshard_after_forward="always") and reduce-scatters its gradients; BF16 gathers,
+    FP32 gradient reductions."""
+    r = fw.simulate(TINY, Layout(dp=4, zero=3), micro_batches=2, reshard_after_forward="always")
     rows = {(c["kind"], c["axis"], c["group_size"]): c for c in r.comm}
     ag, rs = ("all_gather", "dp", 4), ("reduce_scatter", "dp", 4)
     assert set(rows) == {ag, rs}
@@ -250,8 +251,9 @@ def test_zero1_reduces_once_per_step_zero2_every_micro_batch():
 def test_fsdp_shards_over_dp_times_cp():
     """CP ranks hold the same weights as their DP peers: ZeRO-3 shards, gathers and reduce-scatters
     over the DP x CP ranks (one group of dp * cp = 4), and each rank keeps a quarter of the FP32
-    master weights and moments; the CP group of 2 carries only K and V."""
-    r = fw.simulate(TINY, Layout(dp=2, cp=2, zero=3), micro_batches=1)
+    master weights and moments; the CP group of 2 carries only K and V. Every unit resharded after
+    forward: each is gathered twice."""
+    r = fw.simulate(TINY, Layout(dp=2, cp=2, zero=3), micro_batches=1, reshard_after_forward="always")
     params, tensors = sum(_param_counts(TINY)), 9 * TINY.layers + 3
     fsdp = {(c["kind"], c["axis"], c["group_size"]): c for c in r.comm if c["axis"] != "cp"}
     assert set(fsdp) == {("all_gather", "dp_cp", 4), ("reduce_scatter", "dp_cp", 4)}

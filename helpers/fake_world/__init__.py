@@ -119,9 +119,11 @@ def uneven_stages(layers: int, pp: int) -> list:
     return [k - 1] + [k] * (pp - 2) + [k - 1]
 
 
-def check(model: Model, layout: Layout, world_size: int | None = None, stages=None) -> list:
+def check(model: Model, layout: Layout, world_size: int | None = None, stages=None,
+          checkpoint_every: int | None = None) -> list:
     """Every constraint the fake world needs, as a ValueError naming it; returns the layer count
-    of each pipeline stage."""
+    of each pipeline stage. ``checkpoint_every``: :func:`simulate`'s per-layer selective
+    recomputation, which ``recompute="selective"`` needs."""
     if not isinstance(model, Model):
         raise TypeError(f"model must be a helpers.planner.Model, got {type(model).__name__}")
     if not isinstance(layout, Layout):
@@ -133,11 +135,18 @@ def check(model: Model, layout: Layout, world_size: int | None = None, stages=No
         raise ValueError("only dense decoders with standard attention are built (no experts, no latent attention)")
     if layout.ep > 1 or layout.v > 1:
         raise ValueError("expert parallelism (ep > 1) and interleaved stages (v > 1) are not simulated")
-    if layout.recompute not in ("none", "full"):
-        # refused, never traced as "none": the planner's "selective" is Korthikanti's formula, which
-        # the traced step does not apply (checkpointing chosen ops is not built yet)
-        raise ValueError(f"recompute={layout.recompute!r} is not traced: the fake world runs recompute='none' "
-                         "or 'full' (selective recomputation exists only as the planner's formula)")
+    if layout.recompute == "selective" and checkpoint_every is None:
+        # refused, never traced as "none": the planner's "selective" is Korthikanti's per-op policy,
+        # which the traced step does not apply (checkpointing chosen ops is not built)
+        raise ValueError("recompute='selective' is not traced per op (Korthikanti's policy is the planner's "
+                         "formula only): give checkpoint_every=k for per-layer selective recomputation "
+                         "(every k-th block checkpointed, torchtitan's selective_ac_option='k')")
+    if layout.recompute not in ("none", "full", "selective"):
+        raise ValueError(f"recompute={layout.recompute!r} is not traced: 'none', 'full' or 'selective'")
+    if checkpoint_every is not None:
+        if layout.recompute != "selective":
+            raise ValueError(f"checkpoint_every needs recompute='selective', got recompute={layout.recompute!r}")
+        validate.integer_at_least(checkpoint_every, "checkpoint_every", 1)
     t = layout.tp
     validate.divides(t, model.heads, "TP must divide the attention heads")
     validate.divides(t, model.kv, "TP must divide the KV heads")
@@ -292,7 +301,7 @@ def plan_trace(model, layout, stages, rank, m, trace_layers, extrapolate: bool =
     return TracePlan(s, n, counts, warms, steady, m, passes)
 
 
-def _one_trace(model, layout, stages, plan, n_layers, warm, dropout, reduce_dtype, meshes, timing=True):
+def _one_trace(model, layout, stages, plan, n_layers, warm, options, meshes, timing=True):
     """Trace the plan's stage with ``n_layers`` layers, warm-up ``warm`` and the plan's steady
     iterations; communication and FLOPs with all the steady iterations of the real schedule
     (the ones not traced are copies of the second one)."""
@@ -303,8 +312,8 @@ def _one_trace(model, layout, stages, plan, n_layers, warm, dropout, reduce_dtyp
     st = list(stages)
     st[plan.stage] = n_layers
     sub = replace(model, layers=sum(st), n_params=0.0)
-    r = measured_step(sub, layout, st, mt, fake=True, dropout=dropout, boundaries=extra > 0, warm=warm,
-                      reduce_dtype=reduce_dtype, meshes=meshes, op_log=timing_.OpLog() if timing else None)
+    r = measured_step(sub, layout, st, mt, fake=True, boundaries=extra > 0, warm=warm, meshes=meshes,
+                      op_log=timing_.OpLog() if timing else None, **options)
     ops, flops = list(r["ops"]), r["flops"]
     trace = timing_.trace_phases(r["op_log"], ops) if timing else None
     if extra > 0:
@@ -341,7 +350,7 @@ def _collinear(a, b, c) -> bool:
     return all(b[ph][x] - a[ph][x] == c[ph][x] - b[ph][x] for ph in a for x in a[ph])
 
 
-def _run_plan(model, layout, stages, plan, dropout, reduce_dtype, timing=True):
+def _run_plan(model, layout, stages, plan, options, timing=True):
     """Run the traces of ``plan`` (in the current fake world) and extrapolate to the real stage:
     every figure linearly in the layers. Each trace runs the stage's whole 1F1B warm-up (the
     plan's one warm-up length, :func:`plan_trace`) and the plan's steady iterations; the steady
@@ -350,7 +359,8 @@ def _run_plan(model, layout, stages, plan, dropout, reduce_dtype, timing=True):
     An extrapolation is used only where the peak has stopped moving: three layer counts k, k+1,
     k+2 are traced and each phase's peak (forward, backward, optimizer step) must lie on a line in
     every category; if not, the window moves up one layer (up to 3 times). With a line,
-    ``per_layer`` is what one more layer adds to each memory category at the peak."""
+    ``per_layer`` is what one more layer adds to each memory category at the peak. ``options``:
+    :func:`helpers.fake_world.step.measured_step`'s (dropout, reduce_dtype, reshard_after_forward)."""
     from .step import make_mesh
 
     meshes = make_mesh(layout)  # once: the traces differ in layers and micro-batches, not in ranks
@@ -359,7 +369,7 @@ def _run_plan(model, layout, stages, plan, dropout, reduce_dtype, timing=True):
 
     def run(c, v):
         if (c, v) not in runs:
-            runs[(c, v)] = _one_trace(model, layout, stages, plan, c, v, dropout, reduce_dtype, meshes, timing)
+            runs[(c, v)] = _one_trace(model, layout, stages, plan, c, v, options, meshes, timing)
         return runs[(c, v)]
 
     def settle(points, make, limit, what):
@@ -409,8 +419,9 @@ def _run_plan(model, layout, stages, plan, dropout, reduce_dtype, timing=True):
 
 def simulate(model: Model, layout: Layout, *, rank: int = 0, world_size: int | None = None, global_batch: int | None = None,
              micro_batches: int | None = None, stages=None, trace_layers: int | None = None, dropout: bool = False,
-             extrapolate: bool | str = True, reduce_dtype: str = "float32",
-             max_layer_passes: int = MAX_LAYER_PASSES, timing: bool = True) -> FakeStep:
+             extrapolate: bool | str = True, reduce_dtype: str = "float32", reshard_after_forward: str = "default",
+             checkpoint_every: int | None = None, max_layer_passes: int = MAX_LAYER_PASSES,
+             timing: bool = True) -> FakeStep:
     """One training step of rank ``rank`` of the ``layout.devices``-rank job, on a fake world.
 
     ``micro_batches`` per step (default: ``global_batch / (DP x micro-batch)`` when a global batch
@@ -419,14 +430,24 @@ def simulate(model: Model, layout: Layout, *, rank: int = 0, world_size: int | N
     and k + 2 layers of the stage and scale (module docstring); ``dropout``: dropout after attention and
     MLP (GPT, Korthikanti et al.), off for Llama; ``reduce_dtype``: the dtype gradients are reduced
     (and, under ZeRO-1, accumulated) in, FP32 by default as in torchtitan, "bfloat16" as the
-    chapters assume; ``timing``: record every op's shapes, FLOPs and bytes by phase of the
-    schedule, for :func:`step_time` (``FakeStep.timing``; None without).
+    chapters assume; ``reshard_after_forward``: ZeRO-3's policy, which ``fully_shard`` units keep
+    their weights from forward to backward (:data:`helpers.fake_world.step.RESHARD_POLICIES`; the
+    default keeps the root and the last block, as FSDP2 and torchtitan do; "always" reshards every
+    unit; refused under ZeRO 0-2, which reshard none); ``checkpoint_every=k`` with
+    ``recompute="selective"``: per-layer selective recomputation, every k-th block of the stage
+    checkpointed (the k-th, 2k-th, ...: torchtitan's ``selective_ac_option="k"``); per-op selective
+    recomputation is not built, and ``"selective"`` without ``checkpoint_every`` is refused;
+    ``timing``: record every op's shapes, FLOPs and bytes by phase of the schedule, for
+    :func:`step_time` (``FakeStep.timing``; None without).
     """
-    stages = check(model, layout, world_size, stages)
+    from .step import check_reshard
+
+    stages = check(model, layout, world_size, stages, checkpoint_every)
     if timing not in (True, False):
         raise ValueError(f"timing must be True or False, got {timing!r}")
     if reduce_dtype not in ("float32", "bfloat16"):
         raise ValueError(f"reduce_dtype must be 'float32' or 'bfloat16', got {reduce_dtype!r}")
+    check_reshard(reshard_after_forward, layout)
     world = layout.devices
     rank = validate.integer_at_least(rank, "rank", 0)
     if rank >= world:
@@ -445,7 +466,9 @@ def simulate(model: Model, layout: Layout, *, rank: int = 0, world_size: int | N
             + "raise max_layer_passes")
     t0 = time.perf_counter()
     with fake_world(world, rank):
-        res = _run_plan(model, layout, stages, plan, dropout, reduce_dtype, bool(timing))
+        res = _run_plan(model, layout, stages, plan, {"dropout": dropout, "reduce_dtype": reduce_dtype,
+                                                       "reshard_after_forward": reshard_after_forward,
+                                                       "checkpoint_every": checkpoint_every}, timing)
     notes = []
     if len(res["layer_counts"]) == 2:
         notes.append(f"traced {res['layer_counts'][0] - 1} to {res['layer_counts'][1]} of the stage's {plan.layers} "

@@ -28,7 +28,10 @@ stage (``Layout.zero``), each with BF16 compute and FP32 master state
   "do not reshard after forward"): weights gathered once per step and kept, gradients
   reduce-scattered every micro-batch;
 * **ZeRO-3**: ``fully_shard`` (FULL_SHARD): weights gathered for each layer's forward and again
-  for its backward, every micro-batch.
+  for its backward, every micro-batch; which units are kept unsharded from their forward to their
+  backward is the policy :data:`RESHARD_POLICIES` names (``reshard_after_forward``): by default the
+  stage's root (embedding, final norm, output head: FSDP2's own rule for the root) and its last
+  block (whose backward comes first: torchtitan's default without a pipeline, until July 2025).
 
 Sharding is over the DP x CP ranks (CP ranks hold the same weights). Tensor parallelism is
 ``parallelize_module`` with :func:`helpers.fake_world.llama_model.tp_plan`; context parallelism all-gathers
@@ -36,6 +39,7 @@ K and V (Llama 3); pipeline stages exchange activations with ``batch_isend_irecv
 """
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from contextlib import nullcontext
@@ -56,6 +60,12 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
 MESH_DIMS = ("dp", "pp", "cp", "tp")
+# ZeRO-3's reshard-after-forward policy: the fully_shard units kept unsharded from forward to backward
+RESHARD_POLICIES = {
+    "default": "the root (embedding, final norm, output head) and the last block kept; the other blocks resharded",
+    "root": "only the root kept (fully_shard's reshard_after_forward=None: FSDP2 keeps the root)",
+    "always": "every unit resharded after forward, the root included (torchtitan's 'always')",
+}
 CATEGORIES = ("parameters", "gradients", "optimizer", "activations", "temporaries", "other")
 _MEMTRACKER_KEYS = {"Parameter": "parameters", "Buffer": "parameters", "Gradient": "gradients", "Optstate": "optimizer",
                     "Activation": "activations", "Temp": "temporaries", "Other": "other"}
@@ -131,12 +141,26 @@ class StageParts:
         self.opt.zero_grad(set_to_none=True)
 
 
+def check_reshard(policy: str, layout) -> str:
+    """``policy`` if it is one of :data:`RESHARD_POLICIES` that ``layout`` honours, else a
+    ValueError naming it: only ZeRO-3 reshards after forward (ZeRO 0-2 keep every unit's weights
+    from forward to backward), so a policy other than the default is refused there."""
+    if policy not in RESHARD_POLICIES:
+        raise ValueError(f"reshard_after_forward must be one of {sorted(RESHARD_POLICIES)}, got {policy!r}")
+    if policy != "default" and layout.zero != 3:
+        raise ValueError(f"reshard_after_forward={policy!r} needs ZeRO-3: ZeRO-{layout.zero} keeps every unit's "
+                         "weights from forward to backward")
+    return policy
+
+
 def build(model, layout, stages: list, *, dropout: bool = False, reduce_dtype: str = "float32",
-          meshes=None) -> StageParts:
+          meshes=None, reshard_after_forward: str = "default", checkpoint_every: int | None = None) -> StageParts:
     """This rank's stage on the meta device, parallelised (TP, activation checkpointing when
     ``layout.recompute == "full"``, then FSDP/replicate per block and for the stage). Call inside
     the process group (fake or real), outside ``FakeTensorMode`` (the mesh reads its rank grid).
-    ``meshes``: :func:`make_mesh`'s, to reuse (a 16,384-rank mesh takes seconds to build)."""
+    ``meshes``: :func:`make_mesh`'s, to reuse (a 16,384-rank mesh takes seconds to build);
+    ``reshard_after_forward``: ZeRO-3's policy, one of :data:`RESHARD_POLICIES`;
+    ``checkpoint_every=k`` (``recompute="selective"``): every k-th block of the stage checkpointed."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     rank = dist.get_rank()
@@ -156,18 +180,25 @@ def build(model, layout, stages: list, *, dropout: bool = False, reduce_dtype: s
             parallelize_module(blk, mesh["tp"], block)
         if top:
             parallelize_module(stage, mesh["tp"], top)
-    if layout.recompute == "full":  # keep each block's input only; recompute the rest in backward
+    if layout.recompute in ("full", "selective"):  # keep a block's input only; recompute the rest in backward
         from ..torch_private import checkpoint_wrapper
 
-        for name in list(stage.layers):
-            stage.layers[name] = checkpoint_wrapper(stage.layers[name], preserve_rng_state=False)
+        every = 1 if layout.recompute == "full" else checkpoint_every
+        if every is None:
+            raise ValueError("recompute='selective' needs checkpoint_every (per-op selective is not built)")
+        for j, name in enumerate(list(stage.layers)):
+            if (j + 1) % every == 0:  # the k-th, 2k-th, ... block (torchtitan's count)
+                stage.layers[name] = checkpoint_wrapper(stage.layers[name], preserve_rng_state=False)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=getattr(torch, reduce_dtype))
     if layout.zero == 0:
         from ..torch_private import replicate
 
         wrap = lambda mod: replicate(mod, mesh=dp_mesh, mp_policy=mp)
     else:
-        wrap = lambda mod: fully_shard(mod, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=layout.zero == 3)
+        kept = {"default": {stage, list(stage.layers.values())[-1]}, "root": {stage},
+                "always": set()}[check_reshard(reshard_after_forward, layout)]
+        wrap = lambda mod: fully_shard(mod, mesh=dp_mesh, mp_policy=mp,
+                                       reshard_after_forward=layout.zero == 3 and mod not in kept)
     for blk in stage.layers.values():
         wrap(blk)
     wrap(stage)
@@ -319,16 +350,68 @@ def memtracker_class():
     unsharded copy of every parameter during a foreach optimizer step, are counted as memory. The
     propagation runs inside ``ShardingPropagator._fake_mode_lock``; :func:`measured_step` replaces
     that lock by a counter this tracker checks.
+
+    Each byte in the category its name says (issue 26, defect 3). ``MemTracker`` files a tensor by
+    when it is made (forward: activations, backward: temporaries) and moves it to gradients only
+    when a hook shows it to be one; FSDP2's accumulated FP32 gradients (ZeRO-1's, made in backward)
+    and the sharded gradients its reduce-scatter writes were never moved. :meth:`file_gradients`
+    moves every gradient buffer at each phase boundary, and a move also corrects the peak recorded
+    so far where the storage was alive at it (:meth:`_update_snap`): the peak's total is unchanged,
+    its bytes are filed by what each storage turned out to be.
+
+    Which code issued each collective (:attr:`fsdp_ops`, the indices of FSDP2's in the log): a
+    collective is labelled by its issuer's mesh axis, not by its group object, which FSDP's DP x CP
+    and CP share when DP = 1 (issue 26, defect 2).
     """
     from functools import partial
     from threading import get_ident
 
     from torch.distributed.tensor import DTensor
 
-    from ..torch_private import TOTAL_KEY, MemRefType, MemTracker, ModState, active_fake_mode, tree_map_only
+    from ..torch_private import (
+        TOTAL_KEY,
+        MemRefType,
+        MemTracker,
+        ModState,
+        UpdateType,
+        active_fake_mode,
+        fsdp_gradient_buffers,
+        tree_map_only,
+    )
+
+    created, resized, moved = UpdateType.ADD, UpdateType.SIZE, UpdateType.REF
 
     class _Tracker(MemTracker):
         _by_fqn, _by_fqn_len = None, -1
+
+        def __init__(self):
+            super().__init__()
+            self._seq = 0  # storages created or resized so far: each one's number is its winfo.fw_seq
+            self._peak_seq = {}  # device -> _seq when its peak was recorded: older storages were in it
+            self.fsdp_ops = set()  # indices in comm_log.ops of the collectives FSDP2 issued
+
+        def _update_snap(self, u_type, winfo, old_mem_consumed=None, old_reftype=None):
+            super()._update_snap(u_type, winfo, old_mem_consumed=old_mem_consumed, old_reftype=old_reftype)
+            if u_type is created or u_type is resized:
+                winfo.fw_seq, self._seq = self._seq, self._seq + 1
+            elif u_type is moved and getattr(winfo, "fw_seq", self._seq) < self._peak_seq.get(winfo.device, -1):
+                # alive now and made before the peak was recorded: it was in the peak, under old_reftype
+                peak = self._peak_mem_snap[winfo.device]
+                peak[old_reftype] -= winfo.mem_consumed
+                peak[winfo.reftype] = peak.get(winfo.reftype, 0) + winfo.mem_consumed
+
+        def restart_peak(self):
+            """Start the peak afresh from what is held now (each phase's peak on its own)."""
+            restart_peak(self)
+            self._peak_seq = dict.fromkeys(self._peak_mem, self._seq)
+
+        def file_gradients(self, module):
+            """File every gradient buffer of ``module`` under gradients: the parameters' ``.grad``
+            (the sharded ones FSDP2's reduce-scatter writes) and FSDP2's own (the FP32 gradients
+            accumulated over micro-batches without a reduction, replicate's accumulated ones)."""
+            grads = [p.grad for p in module.parameters() if p.grad is not None] + fsdp_gradient_buffers(module)
+            for g in grads:
+                self._update_and_maybe_create_winfos(g, MemRefType.GRAD)
 
         def _pre_fw_hook(self, module, inputs):
             # a new micro-batch through the stage (the root): start its module stats afresh
@@ -368,10 +451,13 @@ def memtracker_class():
                 if self._peak_mem.get(dev, 0) < dev_snap[TOTAL_KEY]:
                     self._peak_mem[dev] = dev_snap[TOTAL_KEY]
                     self._peak_mem_snap[dev] = dict(dev_snap)
+                    self._peak_seq[dev] = self._seq
 
         def __enter__(self):
             self._thread = threading.get_ident()
-            return super().__enter__()
+            out = super().__enter__()
+            self._peak_seq = dict.fromkeys(self._peak_mem, self._seq)
+            return out
 
         @classmethod
         def _should_skip_dynamo(cls):
@@ -384,7 +470,11 @@ def memtracker_class():
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             if self.comm_log is not None:  # what CommLog's own mode, just above this one, would do
-                record_call(self.comm_log, func, args, kwargs or {})
+                log = self.comm_log
+                n = len(log.ops)
+                record_call(log, func, args, kwargs or {})
+                if len(log.ops) > n and _issued_by_fsdp():
+                    self.fsdp_ops.update(range(n, len(log.ops)))
             # gloo runs collectives on its own threads, which inherit the dispatch modes: what it
             # allocates there is the backend's scratch (NCCL's never reaches PyTorch at all)
             if _PROPAGATING[0] or get_ident() != self._thread:
@@ -426,6 +516,25 @@ def memtracker_class():
 
 _PROPAGATING = [0]
 _KEEPS: dict = {}
+_FSDP_CODE = "torch.distributed.fsdp"  # FSDP2's package (fully_shard; replicate runs on its param groups)
+_DTENSOR_CODE = "torch.distributed.tensor"  # DTensor's: tensor parallelism's collectives
+
+
+def _issued_by_fsdp() -> bool:
+    """Whether the collective being dispatched was issued by FSDP2 (its parameter all-gathers,
+    gradient reduce-scatters and all-reduces): the innermost frame of FSDP2's or DTensor's code on
+    the Python stack is FSDP2's. The model's own collectives (context parallelism's K/V gathers,
+    their backward reduce-scatters, which autograd runs) have neither; DTensor's (tensor
+    parallelism, also a partial TP gradient reduced when FSDP2 touches it) have DTensor's."""
+    f = sys._getframe(2)
+    while f is not None:
+        name = f.f_globals.get("__name__", "")
+        if name.startswith(_DTENSOR_CODE):
+            return False
+        if name.startswith(_FSDP_CODE):
+            return True
+        f = f.f_back
+    return False
 
 
 def _backend_keeps(func) -> bool:
@@ -572,7 +681,8 @@ class _NoModules:
 
 
 def measured_step(model, layout, stages, m: int, *, fake: bool, dropout: bool = False, boundaries: bool = False,
-                  warm: int | None = None, reduce_dtype: str = "float32", meshes=None, op_log=None) -> dict:
+                  warm: int | None = None, reduce_dtype: str = "float32", meshes=None,
+                  reshard_after_forward: str = "default", checkpoint_every: int | None = None, op_log=None) -> dict:
     """Build this rank's stage, then run and measure one step: peak bytes by category (MemTracker),
     the model state held after the step, every collective (:class:`helpers.launcher.commlog.CommLog`),
     FLOPs (FlopCounterMode) and, with ``boundaries``, the counters at each micro-batch boundary.
@@ -581,7 +691,8 @@ def measured_step(model, layout, stages, m: int, *, fake: bool, dropout: bool = 
     saved_lock = swap_propagation_lock(_PropagationMarker())
     try:
         t0 = time.perf_counter()
-        parts = build(model, layout, stages, dropout=dropout, reduce_dtype=reduce_dtype, meshes=meshes)
+        parts = build(model, layout, stages, dropout=dropout, reduce_dtype=reduce_dtype, meshes=meshes,
+                      reshard_after_forward=reshard_after_forward, checkpoint_every=checkpoint_every)
         mode = nullcontext()
         if fake:
             from ..torch_private import FakeTensorMode
@@ -606,12 +717,14 @@ def _measure(model, layout, parts, m, *, init, boundaries, t0, warm, op_log=None
     def close_phase():
         """Keep the peak of the stretch since the last boundary under its kind (forward, backward,
         optimizer), and start a new stretch: each kind's peak grows linearly with the layers and
-        the micro-batches in flight, and the step's peak is the largest of them."""
+        the micro-batches in flight, and the step's peak is the largest of them. The gradients
+        made in the stretch are filed first (their bytes in the peak too)."""
+        tracker.file_gradients(parts.stage)
         snap = _categories(tracker.get_tracker_snapshot("peak"))
         kind = current[0]
         if kind not in phases or snap["total"] > phases[kind]["total"]:
             phases[kind] = snap
-        restart_peak(tracker)
+        tracker.restart_peak()
 
     def mark(kind, i):
         close_phase()
@@ -630,22 +743,26 @@ def _measure(model, layout, parts, m, *, init, boundaries, t0, warm, op_log=None
         close_phase()
     peak = max(phases.values(), key=lambda snap: snap["total"])
     held = _categories(tracker.get_tracker_snapshot("current"))
-    axes = _axes(parts)
-    ops = [(o.op, o.bytes, o.group_size, axes.get(o.group, "?")) for o in log.ops]
+    axes, fsdp_axis = _axes(parts), parts.dp_mesh.mesh_dim_names[0]
+    ops = [(o.op, o.bytes, o.group_size, fsdp_axis if i in tracker.fsdp_ops else axes.get(o.group, "?"))
+           for i, o in enumerate(log.ops)]
     return {"peak": peak, "phases": phases, "held": held, "ops": ops, "op_log": op_log,
             "flops": flops.get_total_flops(), "marks": marks, "layers": len(parts.layer_ids),
             "coords": parts.coords, "wall_s": time.perf_counter() - t0}
 
 
 def _axes(parts: StageParts) -> dict:
-    """Process-group name -> the mesh axis it spans (dp, pp, cp, tp, dp_cp; "pp" for the
-    point-to-point sends of the pipeline, which use the default group)."""
+    """Process-group name -> the mesh axis it spans (dp, pp, cp, tp; "pp" for the point-to-point
+    sends of the pipeline, which use the default group), and FSDP's group (dp_cp, DP x CP
+    flattened) where no mesh axis spans it. For the collectives of everything but FSDP2: FSDP2's
+    own are labelled with its axis (dp or dp_cp) whatever group object they use (:func:`_measure`),
+    and with DP = 1 its dp_cp group is the cp group, which the K/V gathers use."""
     mesh = parts.mesh
     out = {dist.group.WORLD.group_name: "pp"}  # unless a mesh axis spans the whole world (and reuses it)
     for d in mesh.mesh_dim_names:
         if mesh.size(mesh.mesh_dim_names.index(d)) > 1 or mesh.get_group(d).group_name not in out:
             out[mesh.get_group(d).group_name] = d
-    out[parts.dp_mesh.get_group().group_name] = parts.dp_mesh.mesh_dim_names[0]
+    out.setdefault(parts.dp_mesh.get_group().group_name, parts.dp_mesh.mesh_dim_names[0])
     return out
 
 
