@@ -193,3 +193,22 @@ def test_published_comparison_on_hand_made_runs():
     assert out["max_rel_err"] == pytest.approx(abs(row["rel_err"]))
     assert out["within_15pct"] == (abs(row["rel_err"]) <= 0.15)
     assert not math.isnan(out["max_rel_err"])
+
+
+def test_check_layouts_keeps_the_steps_it_traced():
+    from helpers import planner as pl
+    from helpers.fake_world import cases
+    from helpers.memory import GB
+
+    p = pl.plan(TINY, pl.h100_cluster(2), 4)
+    lays = [a.layout for a in p.ranked if a.layout.pp == 1][:2]
+    kept = {}
+    rows = cases.check_layouts(p, lays, keep=kept, micro_batches=2)
+    assert list(kept) == lays
+    for lay, row in zip(lays, rows):
+        step = kept[lay]
+        assert step.layout_spec == lay and step.micro_batches == 2
+        assert row["PyTorch GB"] * GB == pytest.approx(step.memory["total"] + p.cluster.reserve_bytes)
+        assert fw.step_time(step, planner=False).step_s > 0
+    with pytest.raises(ValueError, match="keep must be a dict"):
+        cases.check_layouts(p, lays, keep=[])

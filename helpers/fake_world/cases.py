@@ -119,15 +119,21 @@ def format_rows(rows, unit: float = GB) -> str:
     return "\n".join(lines)
 
 
-def check_layouts(p, layouts, **sim) -> list:
+def check_layouts(p, layouts, keep: dict | None = None, **sim) -> list:
     """Each of ``layouts`` (of plan ``p``) run on the fake world: the planner's peak per device
     beside PyTorch's, and whether PyTorch's peak plus the cluster's reserve fits the device
-    (12.4.1, 12.4.2: the planner's ranking checked with the memory PyTorch's code needs)."""
+    (12.4.1, 12.4.2: the planner's ranking checked with the memory PyTorch's code needs).
+    ``keep``: a dict that receives each layout's :class:`~helpers.fake_world.FakeStep` (by layout),
+    for a later look at the same traces (12.4.1 times them)."""
+    if keep is not None and not isinstance(keep, dict):
+        raise ValueError(f"keep must be a dict (or None), got {type(keep).__name__}")
     rows = []
     for lay in layouts:
         a = p.find(lay)
         case = Case("", "", p.model, lay, p.cluster, p.global_batch, p.rules, {"trace_layers": 2, **sim})
         step = case.simulate()
+        if keep is not None:
+            keep[lay] = step
         need = step.memory["total"] + p.cluster.reserve_bytes
         rows.append({"layout": lay.label(), "rank": p.rank_of(lay), "step s": a.step_s,
                      "planner GB": a.memory["total"] / GB, "PyTorch GB": need / GB,
