@@ -69,14 +69,19 @@ class Layout:
 
 
 @dataclass(frozen=True)
-class MemoryPoint:
-    """One published per-GPU peak memory figure."""
+class Published:
+    """What every row has: where it was published, the exact figure text, the run's configuration."""
     id: str
     publication: str
     team: str
     source: str
     quote: str
     layout: Layout
+
+
+@dataclass(frozen=True)
+class MemoryPoint(Published):
+    """One published per-GPU peak memory figure."""
     value_published: str        # the number as printed
     unit_published: str         # its unit as printed (GiB, GB, ...)
     value_gib: float
@@ -86,14 +91,8 @@ class MemoryPoint:
 
 
 @dataclass(frozen=True)
-class ThroughputRun:
+class ThroughputRun(Published):
     """One published run's throughput; each figure ``None`` where the source does not give it."""
-    id: str
-    publication: str
-    team: str
-    source: str
-    quote: str
-    layout: Layout
     tokens_per_s_per_gpu: float | None
     tflops_per_gpu: float | None
     mfu: float | None           # a fraction, counted as mfu_counts says
@@ -182,6 +181,11 @@ def _rows(path: Path, columns: tuple):
             yield row
 
 
+def _common(row) -> dict:
+    return dict(id=row.id, publication=row.text("publication"), team=row.text("team"), source=row.text("source"),
+                quote=row.text("quote"), layout=row.layout())
+
+
 def memory_points(path: str | Path | None = None) -> list[MemoryPoint]:
     """The rows of ``data/published/memory.csv`` (or ``path``), checked, with the value in GiB."""
     path = Path(path) if path is not None else DATA / "memory.csv"
@@ -198,8 +202,7 @@ def memory_points(path: str | Path | None = None) -> list[MemoryPoint]:
         if row.cells["quote"].find(row.cells["value_published"]) < 0:
             raise row.error("quote", f"does not contain the published value {row.cells['value_published']!r}")
         points.append(MemoryPoint(
-            id=row.id, publication=row.text("publication"), team=row.text("team"), source=row.text("source"),
-            quote=row.text("quote"), layout=row.layout(), value_published=row.cells["value_published"],
+            **_common(row), value_published=row.cells["value_published"],
             unit_published=unit, value_gib=gib, measures=row.choice("measures", MEASURES) or UNSTATED,
             measures_inferred=row.choice("measures_inferred", MEASURES) or UNSTATED,
             notes=row.text("notes") or UNSTATED))
@@ -218,8 +221,7 @@ def throughput_runs(path: str | Path | None = None) -> list[ThroughputRun]:
             raise row.error("tokens_per_s_per_gpu",
                             "a run needs at least one of tokens/s, TFLOP/s, MFU, step time")
         runs.append(ThroughputRun(
-            id=row.id, publication=row.text("publication"), team=row.text("team"), source=row.text("source"),
-            quote=row.text("quote"), layout=row.layout(), **figures,
+            **_common(row), **figures,
             mfu_counts=row.text("mfu_counts") or UNSTATED,
             peak_tflops=row.number("peak_tflops"),
             notes=row.text("notes") or UNSTATED))
