@@ -72,7 +72,7 @@ def _layout(point) -> tuple[Layout | None, str]:
     missing = [k for k, v in degrees.items() if v is None]
     if missing:
         return None, f"the source leaves {', '.join(missing)} unstated"
-    if lay.pp and lay.pp > 1 and lay.micro_batches is None:
+    if lay.pp > 1 and lay.micro_batches is None:
         return None, ("the source leaves the pipeline's micro-batch count unstated (at 1F1B's peak stage 0 holds "
                       "PP micro-batches: their size sets the activations)")
     if "nterleaved" in lay.pp_schedule:
@@ -105,8 +105,8 @@ def match(points=None) -> list[Match]:
             out.append(Match(p, "refused", None, reason=why))
             continue
         model = llama31(p.layout.model, p.layout.seq_len)
-        # a pipeline that does not divide the layers: the first stages one layer more (the source
-        # names no split points; Llama 3 405B's 126 layers over 8 stages)
+        # a pipeline that does not divide the layers: Llama 3's split, one layer fewer on the first and the
+        # last stage, which hold the embedding and the head (the sources name no split points; 126 over 8)
         stages = uneven_stages(model.layers, layout.pp) if model.layers % layout.pp else None
         try:
             check(model, layout, None, stages)
