@@ -9,6 +9,14 @@
 * **Traces outside the checkout.** The notebooks keep their profiler traces with
   ``helpers.launcher.traces.keep``; under the suite they go to a temporary folder (``WORKBOOK_TRACES``),
   which the kernels nbval starts inherit.
+* **nbval's wait for a cell's outputs.** nbval reads a cell's outputs from the kernel's IOPub
+  channel after the execute reply, allowing 5 s per message (``output_timeout``, fixed in its
+  ``IPyNbCell``); past that it stops the kernel and fails the cell with "Timeout of 5 seconds
+  exceeded waiting for output", with no traceback. On CI's 2 cores, loaded by three workers whose
+  notebooks launch ranks, an idle message can trail its reply by more than that: P.14's first
+  arithmetic cell failed "Notebook cell execution failed" once in four full runs (2026-12-02) and
+  passed alone every time. :data:`NBVAL_OUTPUT_TIMEOUT` raises the allowance; the cell's own limit
+  (``--nbval-cell-timeout``) is unchanged.
 * ``WORKBOOK_TEST_TIMELINE=FILE`` appends one JSON line per test (worker, id, start, end, in
   seconds since the epoch) for profiling the suite's schedule; ``benchmarks/suite_timeline.py``
   reads it.
@@ -28,6 +36,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent
 SKIP_PARTS = {".venv", "__pycache__", ".git"}
 _TIMELINE = os.environ.get("WORKBOOK_TEST_TIMELINE")
+NBVAL_OUTPUT_TIMEOUT = 60.0  # seconds nbval waits for each IOPub message once a cell has replied
 _starts: dict[str, float] = {}
 _xdist_controller = False
 
@@ -84,6 +93,14 @@ def pytest_configure(config):
         if "WORKBOOK_TRACES" not in os.environ:
             config._traces_dir = tempfile.mkdtemp(prefix="workbook-traces-")
             os.environ["WORKBOOK_TRACES"] = config._traces_dir  # xdist's workers inherit it
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(session, config, items):
+    """Give every nbval cell :data:`NBVAL_OUTPUT_TIMEOUT` to deliver its outputs (see the docstring)."""
+    for item in items:
+        if getattr(item, "output_timeout", None) is not None:
+            item.output_timeout = max(item.output_timeout, NBVAL_OUTPUT_TIMEOUT)
 
 
 def pytest_runtest_logstart(nodeid, location):
