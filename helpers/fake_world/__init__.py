@@ -16,7 +16,9 @@ GPU cluster, in this one process, and returns what that rank holds, sends and co
   that module for which API stands for which stage), K/V all-gather context parallelism, a
   pipeline stage with only its own layers in 1F1B order, BF16 compute with FP32 master state,
   forward, backward and the AdamW step;
-* measured with ``MemTracker`` (peak bytes by category), :class:`helpers.launcher.commlog.CommLog` (every
+* measured with ``MemTracker`` (peak bytes by category; every allocation and free it sees is
+  replayed through :mod:`helpers.fake_world.allocator`'s model of the CUDA caching allocator, for
+  the peak *reserved* bytes a GPU would hold), :class:`helpers.launcher.commlog.CommLog` (every
   collective and send/recv with payload and ring-model bytes; its counts agree with PyTorch's
   ``CommDebugMode``, a test checks) and ``FlopCounterMode``.
 
@@ -41,8 +43,10 @@ stage's real layer count; the step's peak is the largest phase's. Of a long run 
 iterations (or of gradient-accumulation micro-batches without a pipeline) three are traced; the
 others repeat the second one's communication and FLOPs. The 1F1B warm-up (stage s of PP holds
 PP - s micro-batches at the peak) is traced whole: extrapolating it from shorter warm-ups was exact
-on small models and 0.8% low on Llama 3 405B's first stage. The extrapolations are exact when
-each phase's peak stays at the same point of the schedule; the tests check them equal to a trace
+on small models and 0.8% low on Llama 3 405B's first stage. The peak reserved is not on a line in
+the layers (it jumps with each segment the allocator takes): the scaled peak plus the largest
+margin the traced layer counts showed (``_reserve_at``: within 5% of full traces measured). The
+other extrapolations are exact when each phase's peak stays at the same point of the schedule; the tests check them equal to a trace
 of everything. Extrapolation is used only where it costs less than one trace of everything
 (``extrapolate="always"`` forces it). A configuration that would still trace more than
 ``max_layer_passes`` layer passes is refused, with the way out (``trace_layers``).
@@ -359,10 +363,15 @@ def _reserve_at(peak: int, traced: list, segments: int) -> dict:
     ``peak_reserved - peak_requested``: free bytes cached in segments at the reserve's peak);
     ``segments``: the most segments held, extrapolated by the caller.
 
-    The margins are not put on a line: they do not grow with the layers but jump when a segment is
-    taken or reused (on small models, 2 to 8 layers: 42, 41, 54, 53, 48, 47, 46 MiB), and a line
-    through two of them would multiply one jump by the layers left. The largest traced margin was
-    within 4% of a full trace's reserve on the models of tests/test_fake_world_allocator.py."""
+    The margins are not put on a line: they jump when a segment is taken or reused (a small model
+    of 2 to 8 layers: 42, 41, 54, 53, 48, 47, 46 MiB; Llama 3.1 70B's published FSDP 32 x TP 8
+    run traced with 2, 3, 4 layers: 11.7, 11.5, 13.2 GiB, and 12.6 GiB with all 80), and a line
+    through two of them multiplies one jump by the layers left (about 70 GiB for that 70B). Their
+    steady growth is lost: Llama 3.1 8B at 32K tokens (FSDP 8, full recomputation) gains
+    0.19 GiB per layer (12.1-12.5 GiB at 2-4 layers, 16.9 GiB at 32). Against full traces the
+    reserve came out 1.2-3.5% high and 2.3% low on five small models
+    (tests/test_fake_world_allocator.py bounds it by 4%), 0.9% high for that 70B (70.6 against
+    69.9 GiB) and 4.8% low for that 8B (81.8 against 85.9 GiB)."""
     margin = lambda key: max(r[key] - r["peak_requested"] for r in traced)
     return {"peak_allocated": peak + margin("peak_allocated"), "peak_requested": peak,
             "peak_reserved": peak + margin("peak_reserved"), "segments": segments}
@@ -500,6 +509,9 @@ def simulate(model: Model, layout: Layout, *, rank: int = 0, world_size: int | N
     if len(res["layer_counts"]) == 2:
         notes.append(f"traced {res['layer_counts'][0] - 1} to {res['layer_counts'][1]} of the stage's {plan.layers} "
                      f"layers (the peak on a line from {res['layer_counts'][0]}); per-layer figures scaled to {plan.layers}")
+    if len(res["layer_counts"]) == 2:
+        notes.append("peak reserved: the scaled peak plus the largest margin (reserve over the peak) of the traced "
+                     "layer counts, not scaled (within 5% of full traces measured; see _reserve_at)")
     mts = {plan.traced_micro_batches(v) for v in plan.warmups}
     if plan.steady < m - _warm(layout, plan.stage, m):
         notes.append(f"traced {plan.steady} of {m - _warm(layout, plan.stage, m)} steady 1F1B iterations; the others "
