@@ -55,6 +55,7 @@ def test_fake_world_equals_real_ranks(real, i):
         mine = real[rank][i]
         assert fake.memory == mine["peak"], (lay.label(), rank)  # bytes at the peak, by category
         assert fake.held == mine["held"]  # parameters, gradients and optimizer state after the step
+        assert fake.reserve == mine["reserve"]  # the same allocations and frees, through the allocator model
         assert fake.comm == fw.comm_rows(mine["ops"])  # every collective: kind, group, calls, bytes
         assert fake.flops == mine["flops"] > 0
         assert fake.memory["optimizer"] > 0 and fake.memory["activations"] > 0

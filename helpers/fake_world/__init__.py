@@ -46,8 +46,8 @@ PP - s micro-batches at the peak) is traced whole: extrapolating it from shorter
 on small models and 0.8% low on Llama 3 405B's first stage. The peak reserved is not on a line in
 the layers (it jumps with each segment the allocator takes): the scaled peak plus the largest
 margin the traced layer counts showed (``_reserve_at``: within 5% of full traces measured). The
-other extrapolations are exact when each phase's peak stays at the same point of the schedule; the tests check them equal to a trace
-of everything. Extrapolation is used only where it costs less than one trace of everything
+other extrapolations are exact when each phase's peak stays at the same point of the schedule;
+the tests check them equal to a trace of everything. Extrapolation is used only where it costs less than one trace of everything
 (``extrapolate="always"`` forces it). A configuration that would still trace more than
 ``max_layer_passes`` layer passes is refused, with the way out (``trace_layers``).
 
