@@ -15,9 +15,12 @@ Prints one `name: value` line per figure:
                                  target <= 0.10, every larger gap explained in its notebook
   planner_vs_fake_rel_err <case> the same for each configuration, and FLOPs per rank
   published_memory <id>          each point of data/published/memory.csv (per-GPU peak measured on real
-                                 clusters): the fake world's peak (allocated) beside it, exact or nearest
-                                 recipe (what the trace does not do), or refused with the reason
-  published_memory_within_15pct  k/n over the points the fake world traces exactly
+                                 clusters): the fake world's peak allocated and peak reserved (its
+                                 allocations replayed through helpers.fake_world.allocator) beside it, and
+                                 the ratio of the one that measures what the point measures (its CSV's
+                                 measures / measures_inferred column); exact or nearest recipe (what the
+                                 trace does not do), or refused with the reason
+  published_memory_within_15pct  k/n over the points the fake world traces exactly (the matching figure)
   published_memory_max_rel_err   the largest |fake / published - 1| over those points (goal <= 0.15)
   published_memory_nearest_*     the same over the nearest-recipe points (compile, Float8: not traced)
   step_time <case>               fake_world.step_time on H100: step s, MFU, breakdown, the planner's step s
@@ -46,8 +49,9 @@ def published_memory():
         r = rows[m.point.id]
         how = "exact recipe" if m.kind == "exact" else "nearest recipe; not traced: " + "; ".join(
             d.split(" (")[0] for d in m.differences)
-        print(f"published_memory {m.point.id}: fake {r['fake GiB']:.1f} GiB / published {r['published GiB']:.1f} GiB "
-              f"= {r['ratio']:.3f}  ({m.case.model.name}, {m.case.layout.label()}; {how})")
+        print(f"published_memory {m.point.id}: fake allocated {r['fake allocated GiB']:.1f} GiB, reserved "
+              f"{r['fake reserved GiB']:.1f} GiB; published {r['published GiB']:.1f} GiB ({r['measures']}): "
+              f"{r['compared']} / published = {r['ratio']:.3f}  ({m.case.model.name}, {m.case.layout.label()}; {how})")
     for kind, name in (("exact", "published_memory"), ("nearest", "published_memory_nearest")):
         errs = [abs(r["ratio"] - 1) for r in rows.values() if r["kind"] == kind]
         print(f"{name}_within_15pct: {sum(e <= 0.15 for e in errs)}/{len(errs)}")

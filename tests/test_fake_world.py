@@ -55,6 +55,7 @@ def test_fake_world_equals_real_ranks(real, i):
         mine = real[rank][i]
         assert fake.memory == mine["peak"], (lay.label(), rank)  # bytes at the peak, by category
         assert fake.held == mine["held"]  # parameters, gradients and optimizer state after the step
+        assert fake.reserve == mine["reserve"]  # the same allocations and frees, through the allocator model
         assert fake.comm == fw.comm_rows(mine["ops"])  # every collective: kind, group, calls, bytes
         assert fake.flops == mine["flops"] > 0
         assert fake.memory["optimizer"] > 0 and fake.memory["activations"] > 0
@@ -101,7 +102,8 @@ def test_scaled_traces_equal_full_traces():
     ten = replace(five, layers=10)
     for model, lay, m in [(five, Layout(dp=2, zero=3), 4), (ten, Layout(dp=1, pp=2, zero=2), 6)]:
         part = fw.simulate(model, lay, micro_batches=m, trace_layers=2, extrapolate="always")
-        assert len(part.notes) == 2, "nothing was scaled: the test would not test the scaling"
+        # three notes: layers scaled, steady 1F1B iterations added, the reserve's margin
+        assert len(part.notes) == 3, "nothing was scaled: the test would not test the scaling"
         full = fw.simulate(model, lay, micro_batches=m, extrapolate=False)
         assert (part.memory, part.held, part.comm, part.flops) == (full.memory, full.held, full.comm, full.flops)
 

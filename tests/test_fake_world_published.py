@@ -50,3 +50,27 @@ def test_refusals_name_what_is_missing(matches):
     hsdp = dataclasses.replace(point, layout=dataclasses.replace(point.layout, dp_replicate=2))
     (m,) = fp.match([hsdp])
     assert m.kind == "refused" and "HSDP" in m.reason
+
+
+def test_each_point_is_compared_with_the_figure_it_measures():
+    # a point that measures reserved memory is set beside the fake reserve, one that measures allocated
+    # memory beside the fake allocated peak; a source that does not say is read by measures_inferred
+    from helpers.fake_world.cases import Case
+    from helpers.planner import Layout, Model, Rules, h100_cluster
+
+    tiny = Model("tiny", layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, mlp_matrices=3, seq_len=32, vocab=256)
+    lay = Layout(dp=2, zero=3)
+    case = Case("published", "tiny", tiny, lay, h100_cluster(2), 2, Rules(dropout=False), {"micro_batches": 1})
+    base = next(p for p in published.memory_points() if p.id == "tt24-t2-01")
+    assert (base.measures, base.measures_inferred) == ("unstated", "reserved")
+    points = {what: dataclasses.replace(base, id=what, measures=what) for what in ("allocated", "reserved")}
+    points["inferred"] = dataclasses.replace(base, id="inferred")
+    rows = {r["id"]: r for r in fp.compare([fp.Match(p, "exact", case) for p in points.values()])}
+    step = case.simulate()
+    gib = base.value_gib * 2**30
+    assert rows["allocated"]["compared"] == "allocated"
+    assert rows["allocated"]["ratio"] == pytest.approx(step.memory["total"] / gib, rel=1e-12)
+    for key in ("reserved", "inferred"):
+        assert rows[key]["compared"] == "reserved"
+        assert rows[key]["ratio"] == pytest.approx(step.peak_reserved / gib, rel=1e-12)
+    assert step.peak_reserved > step.memory["total"]  # the two figures differ: the test tells them apart

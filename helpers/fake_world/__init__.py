@@ -16,7 +16,9 @@ GPU cluster, in this one process, and returns what that rank holds, sends and co
   that module for which API stands for which stage), K/V all-gather context parallelism, a
   pipeline stage with only its own layers in 1F1B order, BF16 compute with FP32 master state,
   forward, backward and the AdamW step;
-* measured with ``MemTracker`` (peak bytes by category), :class:`helpers.launcher.commlog.CommLog` (every
+* measured with ``MemTracker`` (peak bytes by category; every allocation and free it sees is
+  replayed through :mod:`helpers.fake_world.allocator`'s model of the CUDA caching allocator, for
+  the peak *reserved* bytes a GPU would hold), :class:`helpers.launcher.commlog.CommLog` (every
   collective and send/recv with payload and ring-model bytes; its counts agree with PyTorch's
   ``CommDebugMode``, a test checks) and ``FlopCounterMode``.
 
@@ -41,9 +43,11 @@ stage's real layer count; the step's peak is the largest phase's. Of a long run 
 iterations (or of gradient-accumulation micro-batches without a pipeline) three are traced; the
 others repeat the second one's communication and FLOPs. The 1F1B warm-up (stage s of PP holds
 PP - s micro-batches at the peak) is traced whole: extrapolating it from shorter warm-ups was exact
-on small models and 0.8% low on Llama 3 405B's first stage. The extrapolations are exact when
-each phase's peak stays at the same point of the schedule; the tests check them equal to a trace
-of everything. Extrapolation is used only where it costs less than one trace of everything
+on small models and 0.8% low on Llama 3 405B's first stage. The peak reserved is not on a line in
+the layers (it jumps with each segment the allocator takes): the scaled peak plus the largest
+margin the traced layer counts showed (``_reserve_at``: within 5% of full traces measured). The
+other extrapolations are exact when each phase's peak stays at the same point of the schedule;
+the tests check them equal to a trace of everything. Extrapolation is used only where it costs less than one trace of everything
 (``extrapolate="always"`` forces it). A configuration that would still trace more than
 ``max_layer_passes`` layer passes is refused, with the way out (``trace_layers``).
 
@@ -174,7 +178,10 @@ class FakeStep:
     """What one rank holds, sends and computes in one training step (bytes, FLOPs, seconds).
 
     ``memory``: bytes at the peak by category (parameters, gradients, optimizer, activations,
-    temporaries, other) and ``total``; ``held``: bytes held after the optimizer step (the model
+    temporaries, other) and ``total`` (allocated: the bytes of live tensors); ``peak_reserved``:
+    the caching allocator's peak reserve for the same allocations and frees (``reserve``: its
+    figures, :mod:`helpers.fake_world.allocator`; with ``trace_layers``, the extrapolated peak
+    plus the largest margin of the traced layer counts, see ``_reserve_at``); ``held``: bytes held after the optimizer step (the model
     state between steps); ``comm``: one row per collective kind and mesh axis (dp, tp, cp, pp,
     dp_cp) with the group size, calls, payload bytes and ring-model bytes sent; ``flops``: FLOPs of the step on this rank; ``wall_s``: seconds the
     simulation took (every trace together); ``per_layer`` and ``per_layer_comm`` (with
@@ -201,6 +208,11 @@ class FakeStep:
     timing: list | None = None  # the op trace by phase, for helpers.fake_world.timing.step_time
     model_spec: Model | None = None
     layout_spec: Layout | None = None
+    # the CUDA caching allocator's view (helpers.fake_world.allocator): peak reserved bytes
+    # (torch.cuda.max_memory_reserved) and reserve = {peak_allocated (block sizes, as
+    # max_memory_allocated), peak_requested, peak_reserved, segments}
+    peak_reserved: int | None = None
+    reserve: dict | None = None
 
     @property
     def peak_bytes(self) -> float:
@@ -324,7 +336,7 @@ def _one_trace(model, layout, stages, plan, n_layers, warm, options, meshes, tim
         if timing:
             trace = timing_.repeat_steady(trace, warm + 1, warm + 2, extra)
     return {"memory": r["peak"], "phases": r["phases"], "held": r["held"], "comm": comm_rows(ops), "flops": flops,
-            "coords": r["coords"], "timing": trace}
+            "coords": r["coords"], "timing": trace, "reserve": r["reserve"]}
 
 
 def _line(a, b, x0, x):
@@ -342,6 +354,27 @@ def _comm_line(ca, cb, x0, x):
         x1, y1 = ka.get(key, zero), kb.get(key, zero)
         out.append({"kind": key[0], "axis": key[1], "group_size": key[2], **{f: _line(x1[f], y1[f], x0, x) for f in zero}})
     return out
+
+
+def _reserve_at(peak: int, traced: list, segments: int) -> dict:
+    """The caching allocator's figures at the stage's layer count, from its requested ``peak``
+    (extrapolated) and the replays of the ``traced`` layer counts: the peak plus the largest margin
+    any of them showed (``peak_allocated - peak_requested``: block rounding and unsplit remainders;
+    ``peak_reserved - peak_requested``: free bytes cached in segments at the reserve's peak);
+    ``segments``: the most segments held, extrapolated by the caller.
+
+    The margins are not put on a line: they jump when a segment is taken or reused (a small model
+    of 2 to 8 layers: 42, 41, 54, 53, 48, 47, 46 MiB; Llama 3.1 70B's published FSDP 32 x TP 8
+    run traced with 2, 3, 4 layers: 11.7, 11.5, 13.2 GiB, and 12.6 GiB with all 80), and a line
+    through two of them multiplies one jump by the layers left (about 70 GiB for that 70B). Their
+    steady growth is lost: Llama 3.1 8B at 32K tokens (FSDP 8, full recomputation) gains
+    0.19 GiB per layer (12.1-12.5 GiB at 2-4 layers, 16.9 GiB at 32). Against full traces the
+    reserve came out 1.2-3.5% high and 2.3% low on five small models
+    (tests/test_fake_world_allocator.py bounds it by 4%), 0.9% high for that 70B (70.6 against
+    69.9 GiB) and 4.8% low for that 8B (81.8 against 85.9 GiB)."""
+    margin = lambda key: max(r[key] - r["peak_requested"] for r in traced)
+    return {"peak_allocated": peak + margin("peak_allocated"), "peak_requested": peak,
+            "peak_reserved": peak + margin("peak_reserved"), "segments": segments}
 
 
 def _collinear(a, b, c) -> bool:
@@ -404,6 +437,9 @@ def _run_plan(model, layout, stages, plan, options, timing=True):
         out = in_layers(warms[0], n)
         # the step's peak: the largest of its phases' peaks, each extrapolated on its own line
         out["memory"] = max(out["phases"].values(), key=lambda snap: snap["total"])
+        if len(counts) == 2:  # what the allocator adds to the extrapolated peak (_reserve_at)
+            seg = _line(*(run(c, warms[0])["reserve"]["segments"] for c in counts), counts[0], n)
+            out["reserve"] = _reserve_at(out["memory"]["total"], [r["reserve"] for r in runs.values()], seg)
         return out
 
     out = at(plan.layers)
@@ -473,6 +509,9 @@ def simulate(model: Model, layout: Layout, *, rank: int = 0, world_size: int | N
     if len(res["layer_counts"]) == 2:
         notes.append(f"traced {res['layer_counts'][0] - 1} to {res['layer_counts'][1]} of the stage's {plan.layers} "
                      f"layers (the peak on a line from {res['layer_counts'][0]}); per-layer figures scaled to {plan.layers}")
+    if len(res["layer_counts"]) == 2:
+        notes.append("peak reserved: the scaled peak plus the largest margin (reserve over the peak) of the traced "
+                     "layer counts, not scaled (within 5% of full traces measured; see _reserve_at)")
     mts = {plan.traced_micro_batches(v) for v in plan.warmups}
     if plan.steady < m - _warm(layout, plan.stage, m):
         notes.append(f"traced {plan.steady} of {m - _warm(layout, plan.stage, m)} steady 1F1B iterations; the others "
@@ -481,7 +520,8 @@ def simulate(model: Model, layout: Layout, *, rank: int = 0, world_size: int | N
                     stage_layers=plan.layers, layers_traced=res["layer_counts"], micro_batches=m,
                     micro_batches_traced=max(mts), memory=res["memory"], held=res["held"], comm=res["comm"],
                     flops=res["flops"], wall_s=time.perf_counter() - t0, notes=notes, per_layer=res["per_layer"],
-                    per_layer_comm=res["per_layer_comm"], timing=res["timing"], model_spec=model, layout_spec=layout)
+                    per_layer_comm=res["per_layer_comm"], timing=res["timing"], model_spec=model, layout_spec=layout,
+                    peak_reserved=res["reserve"]["peak_reserved"], reserve=res["reserve"])
 
 
 def step_time(step: FakeStep, device: str = "h100_sxm", **options):

@@ -13,9 +13,12 @@ published recipe the trace does not do. A point is
   recomputation the fake world refuses (its own error message), HSDP.
 
 The published figures are, as far as their sources say, the caching allocator's peak *reserved*
-bytes (torchtitan logs ``max_reserved``); the fake world reports peak *allocated* bytes. Reserved is
-allocated plus the allocator's rounding and cached free blocks, so an exact point is expected to
-read somewhat low. :func:`compare` runs the matched traces and gives the ratio per point.
+bytes (torchtitan logs ``max_reserved``; the CSV's ``measures`` column, or ``measures_inferred``
+where the source does not say). The fake world reports both peaks: *allocated* (the live tensors,
+``FakeStep.memory``) and *reserved* (those allocations replayed through the caching allocator's
+rules, ``FakeStep.peak_reserved``, :mod:`helpers.fake_world.allocator`). :func:`compare` runs the
+matched traces and sets each published figure beside the fake figure that measures the same thing
+(:data:`COMPARED`).
 """
 from __future__ import annotations
 
@@ -50,6 +53,19 @@ NOT_TRACED = {
     "async TP": "async TP (micro-pipelined all-gather + matmul: its own buffers)",
 }
 RECOMPUTE = {"none": "none", "full": "full", "selective-op": "selective", "selective": "selective"}
+
+
+# what a published point measures -> the fake figure it is compared with. "active" (allocated plus
+# blocks freed while another stream still uses them) is allocated with one stream; nvidia-smi's
+# figure adds the CUDA context and NCCL's buffers to the reserve: reserved is the nearest, and low
+COMPARED = {"allocated": "allocated", "active": "allocated", "reserved": "reserved", "nvidia-smi": "reserved",
+            "unstated": "reserved"}
+
+
+def measures(point) -> str:
+    """What ``point`` measures: its source's word, else what the logging code of that version
+    records (``measures_inferred``), else "unstated"."""
+    return point.measures if point.measures != "unstated" else point.measures_inferred
 
 
 @dataclass(frozen=True)
@@ -124,13 +140,20 @@ def match(points=None) -> list[Match]:
 
 
 def compare(matches=None) -> list[dict]:
-    """The traced peak beside each published figure, for every point that is not refused."""
+    """The traced peaks beside each published figure, for every point that is not refused: fake
+    allocated (the live tensors' bytes, ``FakeStep.memory``) and reserved (the caching allocator's
+    segments, ``FakeStep.peak_reserved``), what the point measures, and ``ratio``: the fake figure
+    that measures the same (:data:`COMPARED`) over the published one."""
     rows = []
     for mt in match() if matches is None else matches:
         if mt.case is None:
             continue
         step = mt.case.simulate()
-        rows.append({"id": mt.point.id, "kind": mt.kind, "published GiB": mt.point.value_gib,
-                     "fake GiB": step.peak_bytes / GIB, "ratio": step.peak_bytes / GIB / mt.point.value_gib,
-                     "differences": mt.differences})
+        what = measures(mt.point)
+        fake = {"allocated": step.peak_bytes, "reserved": step.peak_reserved}
+        compared = COMPARED[what]
+        rows.append({"id": mt.point.id, "kind": mt.kind, "published GiB": mt.point.value_gib, "measures": what,
+                     "compared": compared, "fake allocated GiB": fake["allocated"] / GIB,
+                     "fake reserved GiB": fake["reserved"] / GIB, "fake GiB": fake[compared] / GIB,
+                     "ratio": fake[compared] / GIB / mt.point.value_gib, "differences": mt.differences})
     return rows

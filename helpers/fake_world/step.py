@@ -379,7 +379,7 @@ def memtracker_class():
         tree_map_only,
     )
 
-    created, resized, moved = UpdateType.ADD, UpdateType.SIZE, UpdateType.REF
+    created, resized, moved, deleted = UpdateType.ADD, UpdateType.SIZE, UpdateType.REF, UpdateType.DEL
 
     class _Tracker(MemTracker):
         _by_fqn, _by_fqn_len = None, -1
@@ -389,9 +389,12 @@ def memtracker_class():
             self._seq = 0  # storages created or resized so far: each one's number is its winfo.fw_seq
             self._peak_seq = {}  # device -> _seq when its peak was recorded: older storages were in it
             self.fsdp_ops = set()  # indices in comm_log.ops of the collectives FSDP2 issued
+            self.alloc_events = []  # ("alloc", id, bytes) / ("free", id): for helpers.fake_world.allocator
 
         def _update_snap(self, u_type, winfo, old_mem_consumed=None, old_reftype=None):
             super()._update_snap(u_type, winfo, old_mem_consumed=old_mem_consumed, old_reftype=old_reftype)
+            if u_type is not moved:
+                self._record_alloc(u_type, winfo)
             if u_type is created or u_type is resized:
                 winfo.fw_seq, self._seq = self._seq, self._seq + 1
             elif u_type is moved and getattr(winfo, "fw_seq", self._seq) < self._peak_seq.get(winfo.device, -1):
@@ -399,6 +402,20 @@ def memtracker_class():
                 peak = self._peak_mem_snap[winfo.device]
                 peak[old_reftype] -= winfo.mem_consumed
                 peak[winfo.reftype] = peak.get(winfo.reftype, 0) + winfo.mem_consumed
+
+        def _record_alloc(self, u_type, winfo):
+            """Every storage the tracker sees made, resized or freed, as the caching allocator would
+            be asked: a new storage is one allocation; a resize (FSDP2 frees and refills its
+            unsharded parameters with ``resize_``) allocates the new size, then frees the old
+            block (as a copying resize does); the storage's death (the tracker's weakref
+            finalizer) frees its block. An id is the event's index."""
+            events, old, new = self.alloc_events, getattr(winfo, "alloc_id", None), None
+            if u_type is not deleted and winfo.mem_consumed > 0:
+                new = len(events)
+                events.append(("alloc", new, winfo.mem_consumed))
+            if old is not None:  # resized or freed: its block goes back
+                events.append(("free", old))
+            winfo.alloc_id = new
 
         def restart_peak(self):
             """Start the peak afresh from what is held now (each phase's peak on its own)."""
@@ -743,12 +760,22 @@ def _measure(model, layout, parts, m, *, init, boundaries, t0, warm, op_log=None
         close_phase()
     peak = max(phases.values(), key=lambda snap: snap["total"])
     held = _categories(tracker.get_tracker_snapshot("current"))
+    reserve = _replay_allocations(tracker.alloc_events)
     axes, fsdp_axis = _axes(parts), parts.dp_mesh.mesh_dim_names[0]
     ops = [(o.op, o.bytes, o.group_size, fsdp_axis if i in tracker.fsdp_ops else axes.get(o.group, "?"))
            for i, o in enumerate(log.ops)]
-    return {"peak": peak, "phases": phases, "held": held, "ops": ops, "op_log": op_log,
+    return {"peak": peak, "phases": phases, "held": held, "reserve": reserve, "ops": ops, "op_log": op_log,
             "flops": flops.get_total_flops(), "marks": marks, "layers": len(parts.layer_ids),
             "coords": parts.coords, "wall_s": time.perf_counter() - t0}
+
+
+def _replay_allocations(events) -> dict:
+    """The step's allocations and frees (the tracker's, from the materialised model state on)
+    through :mod:`helpers.fake_world.allocator`'s model of the CUDA caching allocator: peak
+    allocated (block sizes), requested and reserved bytes, and the most segments held."""
+    from .allocator import replay
+
+    return replay(list(events)).as_dict()
 
 
 def _axes(parts: StageParts) -> dict:
