@@ -67,7 +67,17 @@ def figures(result):
         return result
     d = asdict(result)
     d.pop("wall_s")
-    return d
+    return _text_keys(d)
+
+
+def _text_keys(obj):
+    """``obj`` with every dict key that JSON cannot hold (the timing trace's op keys are tuples)
+    written as its repr; values untouched (floats are dumped with repr: bit for bit)."""
+    if isinstance(obj, dict):
+        return {k if isinstance(k, str) else repr(k): _text_keys(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_text_keys(v) for v in obj]
+    return obj
 
 
 def main():

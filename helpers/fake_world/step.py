@@ -390,6 +390,8 @@ def memtracker_class():
             self._peak_seq = {}  # device -> _seq when its peak was recorded: older storages were in it
             self.fsdp_ops = set()  # indices in comm_log.ops of the collectives FSDP2 issued
             self.alloc_events = []  # ("alloc", id, bytes) / ("free", id): for helpers.fake_world.allocator
+            self._stale = True  # whether _update_peak_stats has work to do (see there)
+            self._stale_state = None
 
         def _update_snap(self, u_type, winfo, old_mem_consumed=None, old_reftype=None):
             super()._update_snap(u_type, winfo, old_mem_consumed=old_mem_consumed, old_reftype=old_reftype)
@@ -397,6 +399,7 @@ def memtracker_class():
                 self._record_alloc(u_type, winfo)
             if u_type is created or u_type is resized:
                 winfo.fw_seq, self._seq = self._seq, self._seq + 1
+                self._stale = True
             elif u_type is moved and getattr(winfo, "fw_seq", self._seq) < self._peak_seq.get(winfo.device, -1):
                 # alive now and made before the peak was recorded: it was in the peak, under old_reftype
                 peak = self._peak_mem_snap[winfo.device]
@@ -421,6 +424,7 @@ def memtracker_class():
             """Start the peak afresh from what is held now (each phase's peak on its own)."""
             restart_peak(self)
             self._peak_seq = dict.fromkeys(self._peak_mem, self._seq)
+            self._stale = True
 
         def file_gradients(self, module):
             """File every gradient buffer of ``module`` under gradients: the parameters' ``.grad``
@@ -437,10 +441,16 @@ def memtracker_class():
                 if set(self._mod_tracker.parents) - {self._mod_tracker.get_known_fqn(module)} == {"Global"}:
                     del self.memory_tracking[module]
             self._by_fqn = None  # memory_tracking and the modules' names change only here
+            self._stale = True  # a module joined the active parents
             super()._pre_fw_hook(module, inputs)
+
+        def _pre_bw_hook(self, module, args):
+            self._stale = True  # a module joined the active parents
+            super()._pre_bw_hook(module, args)
 
         def reset_mod_stats(self):
             self._by_fqn = None
+            self._stale = True
             super().reset_mod_stats()
 
         def _update_peak_stats(self, peak_state):
@@ -450,6 +460,14 @@ def memtracker_class():
             # The same updates, in the same state: the modules whose name is among the active
             # parents are looked up by name (an index rebuilt when memory_tracking changes), and
             # the snapshots (flat dicts of ints) are copied with dict() instead of deepcopy().
+            # It changes nothing unless a storage was made or resized, a module joined the active
+            # parents (ModTracker adds it just before the hooks above), the peak was restarted or
+            # the state (forward, backward) changed since it last ran: every peak it keeps is at
+            # least the total of then, which has not grown since, and is then skipped (most ops
+            # make no storage: prim.device queries, the autograd engine's, are 60% of them).
+            if not self._stale and peak_state is self._stale_state:
+                return
+            self._stale, self._stale_state = False, peak_state
             curr_snap = self._curr_mem_snap
             by_fqn = self._by_fqn
             if by_fqn is None or len(self.memory_tracking.data) != self._by_fqn_len:
@@ -474,6 +492,7 @@ def memtracker_class():
             self._thread = threading.get_ident()
             out = super().__enter__()
             self._peak_seq = dict.fromkeys(self._peak_mem, self._seq)
+            self._stale = True
             return out
 
         @classmethod
@@ -505,6 +524,10 @@ def memtracker_class():
             # directly (tree_map_only calls the same function on it)
             if any(t == DTensor for t in types):
                 return NotImplemented
+            if func is device_op and not self._stale:
+                # a device query (most of them the autograd engine's): no storage to track, and
+                # nothing for _update_peak_stats to do
+                return func(*args, **(kwargs or {}))
             if func is wait_tensor and active_fake_mode():
                 res = args[0]
             elif _backend_keeps(func) and not active_fake_mode():
@@ -520,7 +543,10 @@ def memtracker_class():
                     reftype = MemRefType.ACT
                 if type(res) in _TENSOR_TYPES:
                     self._track(reftype, res)
-                else:
+                elif type(res) in (tuple, list) and all(type(x) in _TENSOR_TYPES for x in res):
+                    for x in res:  # tree_map_only's order
+                        self._track(reftype, x)
+                elif res is not None:
                     tree_map_only(torch.Tensor, partial(self._track, reftype), res)
                 self._update_peak_stats(ModState.PEAK_BW if self._mod_tracker.is_bw else ModState.PEAK_FW)
             return res
@@ -528,6 +554,7 @@ def memtracker_class():
     from ..torch_private import FakeTensor, wait_tensor
 
     _TENSOR_TYPES = (torch.Tensor, FakeTensor)  # leaves of tree_map_only, exactly (no pytree node)
+    device_op = torch.ops.prim.device.default
     return _Tracker
 
 
@@ -633,6 +660,19 @@ def flop_counter():
         aten.sym_storage_offset.default, aten.numel.default, aten.sym_numel.default, aten.dim.default,
         torch.ops.prim.layout.default})
     device_op = torch.ops.prim.device.default
+    implicit = torch._C.DispatchKey.CompositeImplicitAutograd
+    has_implicit = {}
+
+    def _decomposes(func) -> bool:
+        """Whether ``func.decompose`` can return anything but NotImplemented (OpOverload.decompose,
+        torch 2.13.0: a Python or a registered CompositeImplicitAutograd kernel): entering the mode
+        again to try it costs more than the op, and most ops have neither."""
+        if implicit in func.py_kernels:
+            return True
+        known = has_implicit.get(func)
+        if known is None:
+            known = has_implicit[func] = torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), implicit)
+        return known
 
     class _LocalMode(FlopCounterDispatchMode):
         @classmethod
@@ -644,7 +684,7 @@ def flop_counter():
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             if any(issubclass(t, DTensor) for t in types):
                 return NotImplemented
-            if _PROPAGATING[0]:
+            if _PROPAGATING[0] or func is device_op:  # a device query counts nothing and is not logged
                 return func(*args, **(kwargs or {}))
             # then _FlopCounterMode.__torch_dispatch__ (torch 2.13.0), inlined step by step:
             # one Python call per op instead of two wrapped ones
@@ -654,7 +694,7 @@ def flop_counter():
             if isinstance(func, HigherOrderOperator):
                 return self._handle_higher_order_ops(func, types, args, kwargs)
             counter = self.counter
-            if func not in counter.flop_registry and func is not device_op:
+            if func not in counter.flop_registry and _decomposes(func):
                 with self:
                     r = func.decompose(*args, **kwargs)
                     if r is not NotImplemented:
