@@ -28,7 +28,12 @@ Prints one `name: value` line per figure:
   published_mfu_within_15pct     k/n published runs (helpers.published.throughput_runs, where it exists) whose MFU
   published_mfu_max_rel_err      the step-time model gives within 15%; the largest relative error; every run
                                  it cannot express listed with the reason
-Run: python benchmarks/fake_world.py   (timings; not a test; --published: the published points only)
+  explorer_70b_median_s          the 12.4.1 explorer's answer to a change of a 70B layout: the median wall
+                                 seconds of its simulate call over the fixed list of its layouts in
+                                 fake_world_fingerprint.EXPLORER (its start layout and one change of each
+                                 control; goal < 3), with each layout's wall and CPU seconds
+Run: python benchmarks/fake_world.py   (timings; not a test; --published: the published points only;
+     --explorer: the explorer's figure only)
 """
 import sys
 import time
@@ -58,9 +63,31 @@ def published_memory():
         print(f"{name}_max_rel_err: " + (f"{max(errs):.3f}" if errs else "none (no such point)"))
 
 
+def explorer():
+    """The explorer's simulate call (12.4.1, fake_vs_planner) on each layout of the fixed list."""
+    import statistics
+
+    from fake_world_fingerprint import EXPLORER
+
+    from helpers import planner as pl
+
+    walls = []
+    for kw in EXPLORER:
+        kw = dict(kw)
+        m = pl.book_70b(kw.pop("seq_len"))
+        lay = pl.Layout(**kw)
+        t0, c0 = time.perf_counter(), time.process_time()
+        fake_world.simulate(m, lay, global_batch=2048, trace_layers=2, progress=lambda line: None)
+        walls.append(time.perf_counter() - t0)
+        print(f"explorer_70b {lay.label()} s{m.seq_len}: {walls[-1]:.1f} s, {time.process_time() - c0:.1f} CPU s")
+    print(f"explorer_70b_median_s: {statistics.median(walls):.1f}  (over {len(walls)} layouts; goal < 3)")
+
+
 def main():
     if "--published" in sys.argv:
         return published_memory()
+    if "--explorer" in sys.argv:
+        return explorer()
     cases = fake_cases.cases()
     llama = next(c for k, c in cases.items() if k.startswith("12.4.2") and "(128K)" in k)
     t0, c0 = time.perf_counter(), time.process_time()
@@ -99,6 +126,7 @@ def main():
     print(f"timing_overhead: {sum(cpu[True]) / sum(cpu[False]):.3f}  (CPU seconds of simulate, with / without)")
     published()
     published_memory()
+    explorer()
 
 
 def published():

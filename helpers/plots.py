@@ -525,6 +525,7 @@ def _controls_class():
 
         def __init__(self, fn, widgets):
             self.fn, self.widgets, self.out, self.runs = fn, dict(widgets), Output(), 0
+            self.working = None  # the "Working: ..." line while a change is worked on
             self.serial = next(_SERIAL)
             _SHOWN.add(self)
             width = max(len(w.description) for w in self.widgets.values())
@@ -551,9 +552,12 @@ def _controls_class():
                     f"{_show_value(w, change['new'])} (it starts at {_show_value(w, self.start[name])}).")
             # the last result goes while the callback works (a fake-world trace takes seconds): no
             # figure stays up for values it was not drawn for
-            self.out.outputs = ({"output_type": "stream", "name": "stdout",
-                                 "text": f"Working: '{w.description or name}' is now {_show_value(w, change['new'])} ...\n"},)
-            self._draw(note)
+            self.working = f"Working: '{w.description or name}' is now {_show_value(w, change['new'])} ..."
+            self.out.outputs = ({"output_type": "stream", "name": "stdout", "text": self.working + "\n"},)
+            try:
+                self._draw(note)
+            finally:
+                self.working = None
 
         def _draw(self, note, first=False):
             """Run the callback and set the Output's outputs to what it printed and drew.
@@ -572,10 +576,14 @@ def _controls_class():
             before = set(pyplot.get_fignums()) if first and pyplot else set()
             text, outputs, error = io.StringIO(), [], None
             try:
-                with contextlib.redirect_stdout(text):
-                    if note:
-                        say(note)
-                    figs = _figures(self.fn(**self.values))
+                _RUNNING.append(self)
+                try:
+                    with contextlib.redirect_stdout(text):
+                        if note:
+                            say(note)
+                        figs = _figures(self.fn(**self.values))
+                finally:
+                    _RUNNING.pop()
                 made = set(pyplot.get_fignums()) - before if first and pyplot else set()
                 if made:
                     for num in made:
@@ -608,6 +616,20 @@ def _controls_class():
 
 _CONTROLS = None
 _SHOWN = weakref.WeakSet()
+_RUNNING = []  # the controls whose callback runs now (innermost last)
+
+
+def progress(text: str) -> None:
+    """Show ``text`` under the "Working: ..." line of the controls whose callback is running after a
+    change, replacing the previous progress line (e.g. ``fake_world.simulate(..., progress=plots.progress)``:
+    which trace, micro-batch and layer it is on). The line goes when the callback's result is drawn.
+    Anywhere else (a cell's own code, the controls' first run inside their cell) it shows nothing:
+    what a cell prints is its own output."""
+    if not isinstance(text, str):
+        raise TypeError(f"progress takes a str, got {type(text).__name__}")
+    if _RUNNING and _RUNNING[-1].working is not None:
+        c = _RUNNING[-1]
+        c.out.outputs = ({"output_type": "stream", "name": "stdout", "text": f"{c.working}\n  {text}\n"},)
 _SERIAL = itertools.count()
 
 

@@ -78,6 +78,25 @@ def test_while_a_change_is_worked_on_the_old_result_is_gone_and_says_so():
     assert _text(c) == "You moved 'a' from 3 to 4 (it starts at 3).\na is 4\n"
 
 
+def test_progress_shows_under_the_working_line_while_a_change_is_worked_on_and_then_goes():
+    seen = []
+
+    def f(a):
+        plots.progress(f"step {a}: half done")  # the first run (inside its cell): shows nothing
+        seen.append(_text(c) if seen else None)
+        plots.say(f"a is {a}")
+
+    c = plots.controls(f, a=IntSlider(3, 0, 9, description="size"))
+    assert seen == [None] and _text(c) == "a is 3\n" and c.working is None
+    c.widgets["a"].value = 4
+    assert seen[1] == "Working: 'size' is now 4 ...\n  step 4: half done\n"
+    assert _text(c) == "You moved 'size' from 3 to 4 (it starts at 3).\na is 4\n" and c.working is None
+    plots.progress("outside any callback")  # nothing to show it under: no error, no change
+    assert _text(c) == "You moved 'size' from 3 to 4 (it starts at 3).\na is 4\n"
+    with pytest.raises(TypeError, match="progress takes a str"):
+        plots.progress(3)
+
+
 def test_controls_show_figures_as_png_and_leave_pyplot_alone():
     import base64
 

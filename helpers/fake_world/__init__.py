@@ -68,6 +68,7 @@ from .. import torch_private, validate
 from ..launcher.commlog import ring_bytes_sent
 from ..planner import Layout, Model
 from ..torch_private import PINNED_TORCH  # noqa: F401 (helpers.fake_world.PINNED_TORCH, as before)
+from . import progress as progress_
 from . import timing as timing_
 
 MAX_LAYER_PASSES = 300  # default refusal limit
@@ -383,7 +384,7 @@ def _collinear(a, b, c) -> bool:
     return all(b[ph][x] - a[ph][x] == c[ph][x] - b[ph][x] for ph in a for x in a[ph])
 
 
-def _run_plan(model, layout, stages, plan, options, timing=True):
+def _run_plan(model, layout, stages, plan, options, timing=True, progress=None):
     """Run the traces of ``plan`` (in the current fake world) and extrapolate to the real stage:
     every figure linearly in the layers. Each trace runs the stage's whole 1F1B warm-up (the
     plan's one warm-up length, :func:`plan_trace`) and the plan's steady iterations; the steady
@@ -402,7 +403,11 @@ def _run_plan(model, layout, stages, plan, options, timing=True):
 
     def run(c, v):
         if (c, v) not in runs:
-            runs[(c, v)] = _one_trace(model, layout, stages, plan, c, v, options, meshes, timing)
+            # how many traces this plan runs at least (3 layer counts, or one of the whole stage); the
+            # window may slide up to 3 times more (settle)
+            label = f"trace {len(runs) + 1} of {max(len(runs) + 1, len(plan.layer_counts))} ({c} of the stage's {plan.layers} layers)"
+            with progress_.reporting(progress, label, plan.traced_micro_batches(v)):
+                runs[(c, v)] = _one_trace(model, layout, stages, plan, c, v, options, meshes, timing)
         return runs[(c, v)]
 
     def settle(points, make, limit, what):
@@ -457,7 +462,7 @@ def simulate(model: Model, layout: Layout, *, rank: int = 0, world_size: int | N
              micro_batches: int | None = None, stages=None, trace_layers: int | None = None, dropout: bool = False,
              extrapolate: bool | str = True, reduce_dtype: str = "float32", reshard_after_forward: str = "default",
              checkpoint_every: int | None = None, max_layer_passes: int = MAX_LAYER_PASSES,
-             timing: bool = True) -> FakeStep:
+             timing: bool = True, progress=None) -> FakeStep:
     """One training step of rank ``rank`` of the ``layout.devices``-rank job, on a fake world.
 
     ``micro_batches`` per step (default: ``global_batch / (DP x micro-batch)`` when a global batch
@@ -474,7 +479,10 @@ def simulate(model: Model, layout: Layout, *, rank: int = 0, world_size: int | N
     checkpointed (the k-th, 2k-th, ...: torchtitan's ``selective_ac_option="k"``); per-op selective
     recomputation is not built, and ``"selective"`` without ``checkpoint_every`` is refused;
     ``timing``: record every op's shapes, FLOPs and bytes by phase of the schedule, for
-    :func:`step_time` (``FakeStep.timing``; None without).
+    :func:`step_time` (``FakeStep.timing``; None without); ``progress``: None, or a callable given a
+    line at each micro-batch, direction and (every 0.2 s at most) layer of each trace
+    (:mod:`helpers.fake_world.progress`: e.g. :func:`helpers.plots.progress`, which shows it under
+    the controls that asked).
     """
     from .step import check_reshard
 
@@ -484,6 +492,7 @@ def simulate(model: Model, layout: Layout, *, rank: int = 0, world_size: int | N
     if reduce_dtype not in ("float32", "bfloat16"):
         raise ValueError(f"reduce_dtype must be 'float32' or 'bfloat16', got {reduce_dtype!r}")
     check_reshard(reshard_after_forward, layout)
+    progress_.check_progress(progress)
     world = layout.devices
     rank = validate.integer_at_least(rank, "rank", 0)
     if rank >= world:
@@ -504,7 +513,7 @@ def simulate(model: Model, layout: Layout, *, rank: int = 0, world_size: int | N
     with fake_world(world, rank):
         res = _run_plan(model, layout, stages, plan, {"dropout": dropout, "reduce_dtype": reduce_dtype,
                                                        "reshard_after_forward": reshard_after_forward,
-                                                       "checkpoint_every": checkpoint_every}, timing)
+                                                       "checkpoint_every": checkpoint_every}, timing, progress)
     notes = []
     if len(res["layer_counts"]) == 2:
         notes.append(f"traced {res['layer_counts'][0] - 1} to {res['layer_counts'][1]} of the stage's {plan.layers} "
