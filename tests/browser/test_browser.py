@@ -158,6 +158,12 @@ def start_lab(tmp: Path, args=(), env_extra=None):
     settings.mkdir(parents=True)
     # no "Would you like to get notified about official Jupyter news?" prompt over the notebook
     (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false", "checkForUpdates": false}')
+    # autosave (every 120 s by default) would save a notebook that has been open that long while its
+    # cells ran (12.4.1 under load: its explorer traces a 70B layout), and the check that closing
+    # without saving leaves the file alone would then fail by the clock: the tests save explicitly
+    docs = tmp / "settings" / "@jupyterlab" / "docmanager-extension"
+    docs.mkdir(parents=True)
+    (docs / "plugin.jupyterlab-settings").write_text('{"autosaveInterval": 86400}')
     port, token = _free_port(), secrets.token_hex(16)
     # the user's own ~/.jupyter and ~/.local/share/jupyter (settings, kernels, extensions) stay out
     env = dict(os.environ, JUPYTERLAB_SETTINGS_DIR=str(tmp / "settings"), JUPYTER_CONFIG_DIR=str(tmp / "config"),
@@ -341,25 +347,38 @@ def _output_text(cell) -> str:
     return cell.locator(".jp-OutputArea").first.inner_text()
 
 
-def _move_one(page, cell, k, before_runs):
+def _move_one(page, cell, k, before_runs, seen=None):
     """Move the first slider of controls box ``k`` with the keyboard, or else pick the next option
-    of its first dropdown; wait until the kernel has rerun the callback."""
+    of its first dropdown; wait until the kernel has rerun the callback. ``seen``: a list that gets
+    the cell's output text as the browser shows it while the callback works (sampled every 0.2 s)."""
+
+    def rerun():
+        if seen is None:
+            return _controls(page)[k]["runs"] > before_runs
+        # asking the kernel would wait behind the callback (then this deadline could not act):
+        # watch the page alone until the new result is drawn, then ask
+        seen.append(text := _output_text(cell))
+        return "You moved" in text and _controls(page)[k]["runs"] > before_runs
+
     handles = cell.locator(".noUi-handle")
     if handles.count():
         for key in ("ArrowRight", "ArrowLeft"):  # left when the slider starts at its maximum
             handles.first.focus()
             page.keyboard.press(key)
             try:
-                _wait(lambda: _controls(page)[k]["runs"] > before_runs, 10)
+                # a 70B layout traced under CI's load: 67 s seen for ZeRO-2, whose peak settles at 6 layers
+                _wait(rerun, 10 if seen is None else 300)
                 return
             except TimeoutError:
+                if seen is not None:  # the other key would queue a second change behind this one
+                    raise AssertionError(f"the controls did not answer within 300 s: {seen[-1:]}") from None
                 continue
         raise AssertionError("moving the first slider with the keyboard did not rerun the controls")
     select = cell.locator(".jp-OutputArea select").first
     count = select.locator("option").count()
     current = select.evaluate("s => s.selectedIndex")
     select.select_option(index=(current + 1) % count)
-    _wait(lambda: _controls(page)[k]["runs"] > before_runs, 20)
+    _wait(rerun, 20 if seen is None else 300)
 
 
 def _shot(page, cell, path):
@@ -468,7 +487,14 @@ def test_notebook_in_the_browser(page, lab, path):
                 Path(SHOTS).mkdir(parents=True, exist_ok=True)
                 _shot(page, cell, Path(SHOTS) / f"{path.stem}_{i}.png")
             phases["check"] = time.monotonic() - opened - sum(phases.values())
-            _move_one(page, cell, k, rep["runs"])
+            # a callback that traces on the fake world reports its progress (plots.progress): the
+            # student sees which trace, micro-batch and layer it is on while it works
+            traces = "progress=plots.progress" in "".join(nb["cells"][i]["source"])
+            seen = [] if traces else None
+            _move_one(page, cell, k, rep["runs"], seen)
+            if traces:
+                shown = [t for t in seen if "Working:" in t and re.search(r"trace \d of \d .*micro-batch \d", t)]
+                assert shown, f"{where}: no progress line under 'Working: ...' while the trace ran: {seen[-3:]}"
             _wait(lambda: "You moved" in _output_text(cell), 20)
             phases["move"] = time.monotonic() - opened - sum(phases.values())
             text_after = _output_text(cell)
