@@ -593,3 +593,45 @@ def compare_published(runs, simulate=None) -> dict:
     errs = [abs(r["rel_err"]) for r in rows]
     return {"rows": rows, "cannot": cannot, "n": len(rows), "within_15pct": sum(e <= 0.15 for e in errs),
             "max_rel_err": max(errs) if errs else math.nan}
+
+
+# ---- more micro-batches from one trace (12.2.2, P.13) ------------------------------------------------
+
+def phase_flops(phase: dict) -> float:
+    """FLOPs of one phase of a trace (matrix multiplies ``2 batch M N K``, the FLOP table's ops as
+    counted): what the rank's FLOP counter counted in it."""
+    total = 0.0
+    for key, count in phase["ops"].items():
+        total += count * (2 * key[1] * key[2] * key[3] * key[4] if key[0] == "mm" else key[1])
+    return total
+
+
+def with_micro_batches(step, micro_batches: int):
+    """``step`` (a :class:`helpers.fake_world.FakeStep` with its op trace) as it would run with
+    ``micro_batches`` micro-batches per step, more than it ran: its trace's steady 1F1B iteration
+    (one forward and one backward) repeated, as :func:`helpers.fake_world.simulate` itself extends
+    a shortened trace, so that one trace gives a sweep of micro-batch counts (12.2.2: the bubble
+    against m; P.13: strong scaling at a fixed global batch). The timing trace, the micro-batch
+    count and the FLOPs change; the memory peak and the ``comm`` table stay the traced step's."""
+    from dataclasses import replace
+
+    from .. import validate
+
+    m = validate.integer_at_least(micro_batches, "micro_batches", 1)
+    if getattr(step, "timing", None) is None:
+        raise ValueError("this FakeStep has no op trace: simulate(..., timing=True) records one")
+    if m < step.micro_batches:
+        raise ValueError(f"micro_batches must be at least the traced step's {step.micro_batches}, got {m}: "
+                         "a trace can be extended, not cut")
+    if m == step.micro_batches:
+        return step
+    kinds = [p["kind"] for p in step.timing]
+    warm = kinds[:kinds.index("B")].count("F") - 1  # forwards before the first backward, less the steady one
+    if step.micro_batches < warm + 3:
+        raise ValueError(f"the trace's {step.micro_batches} micro-batches have no steady iteration to repeat "
+                         f"(needs at least {warm + 3}): simulate more micro-batches")
+    extra = m - step.micro_batches
+    phases = repeat_steady(step.timing, warm + 1, warm + 2, extra)
+    at = [j for j, p in enumerate(step.timing) if p["kind"] == "F" and p["i"] in (warm + 1, warm + 2)]
+    added = extra * sum(phase_flops(p) for p in step.timing[at[0]:at[1]])
+    return replace(step, timing=phases, micro_batches=m, flops=step.flops + added)
