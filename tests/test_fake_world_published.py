@@ -42,10 +42,11 @@ def test_a_matched_point_carries_the_runs_configuration(matches):
 def test_refusals_name_what_is_missing(matches):
     assert "no sequence length" in matches["ttp-t1-01"].reason
     assert "micro-batch count unstated" in matches["tt24-t5-01"].reason
-    # selective recomputation: the fake world's own refusal, by name, while it traces none and full only
-    sel = matches["tt24-t1-01"]
-    if sel.kind == "refused":
-        assert "the fake world refuses it" in sel.reason and "selective" in sel.reason
+    # a recomputation the fake world cannot trace: its own refusal, by name
+    point = next(p for p in published.memory_points() if p.id == "tt24-t1-01")
+    odd = dataclasses.replace(point, layout=dataclasses.replace(point.layout, recompute="selective-layer-3"))
+    (m,) = fp.match([odd])  # 32 layers: checkpoint_every=3 is traced, not refused
+    assert m.kind == "exact" and m.case.sim["checkpoint_every"] == 3
     point = next(p for p in published.memory_points() if p.id == "tt24-t2-01")
     hsdp = dataclasses.replace(point, layout=dataclasses.replace(point.layout, dp_replicate=2))
     (m,) = fp.match([hsdp])
@@ -74,3 +75,23 @@ def test_each_point_is_compared_with_the_figure_it_measures():
         assert rows[key]["compared"] == "reserved"
         assert rows[key]["ratio"] == pytest.approx(step.peak_reserved / gib, rel=1e-12)
     assert step.peak_reserved > step.memory["total"]  # the two figures differ: the test tells them apart
+
+
+def test_each_point_is_traced_with_its_publications_recipe(matches):
+    """The CSV's recompute, optimizer and precision columns become simulate's options (issue 26,
+    "Real recipes"): torchtitan's 2024 runs (per-op selective checkpointing, AdamW foreach, FP32
+    reduction, the loss on FP32 logits) are traced as they ran; Trainy's 2025 runs with fused AdamW."""
+    t1 = matches["tt24-t1-01"]  # Llama 3.1 8B, FSDP 8, selective AC 'op', eager
+    assert t1.kind == "exact" and t1.case.layout.recompute == "selective"
+    assert "checkpoint_every" not in t1.case.sim  # per op, not per layer
+    assert {k: t1.case.sim[k] for k in ("optimizer", "reduce_dtype", "loss_dtype")} == \
+        {"optimizer": "foreach", "reduce_dtype": "float32", "loss_dtype": "float32"}
+    assert matches["trainy-01"].case.sim["optimizer"] == "fused"
+    assert matches["tt24-t2-01"].case.sim["optimizer"] == "foreach"
+    point = next(p for p in published.memory_points() if p.id == "tt24-t1-01")
+    vague = dataclasses.replace(point, layout=dataclasses.replace(point.layout, recompute="selective",
+                                                                  optimizer="unstated"))
+    opts, guessed = fp.recipe(vague.layout)
+    assert opts["optimizer"] == "foreach" and guessed == (fp.SELECTIVE_KIND_UNSTATED, fp.OPTIMIZER_UNSTATED)
+    (m,) = fp.match([vague])
+    assert m.kind == "nearest" and m.differences == guessed  # what is guessed is listed, not hidden

@@ -128,7 +128,7 @@ def check(model: Model, layout: Layout, world_size: int | None = None, stages=No
           checkpoint_every: int | None = None) -> list:
     """Every constraint the fake world needs, as a ValueError naming it; returns the layer count
     of each pipeline stage. ``checkpoint_every``: :func:`simulate`'s per-layer selective
-    recomputation, which ``recompute="selective"`` needs."""
+    recomputation (``recompute="selective"`` without it: per op)."""
     if not isinstance(model, Model):
         raise TypeError(f"model must be a helpers.planner.Model, got {type(model).__name__}")
     if not isinstance(layout, Layout):
@@ -140,12 +140,6 @@ def check(model: Model, layout: Layout, world_size: int | None = None, stages=No
         raise ValueError("only dense decoders with standard attention are built (no experts, no latent attention)")
     if layout.ep > 1 or layout.v > 1:
         raise ValueError("expert parallelism (ep > 1) and interleaved stages (v > 1) are not simulated")
-    if layout.recompute == "selective" and checkpoint_every is None:
-        # refused, never traced as "none": the planner's "selective" is Korthikanti's per-op policy,
-        # which the traced step does not apply (checkpointing chosen ops is not built)
-        raise ValueError("recompute='selective' is not traced per op (Korthikanti's policy is the planner's "
-                         "formula only): give checkpoint_every=k for per-layer selective recomputation "
-                         "(every k-th block checkpointed, torchtitan's selective_ac_option='k')")
     if layout.recompute not in ("none", "full", "selective"):
         raise ValueError(f"recompute={layout.recompute!r} is not traced: 'none', 'full' or 'selective'")
     if checkpoint_every is not None:
@@ -461,8 +455,8 @@ def _run_plan(model, layout, stages, plan, options, timing=True, progress=None):
 def simulate(model: Model, layout: Layout, *, rank: int = 0, world_size: int | None = None, global_batch: int | None = None,
              micro_batches: int | None = None, stages=None, trace_layers: int | None = None, dropout: bool = False,
              extrapolate: bool | str = True, reduce_dtype: str = "float32", reshard_after_forward: str = "default",
-             checkpoint_every: int | None = None, max_layer_passes: int = MAX_LAYER_PASSES,
-             timing: bool = True, progress=None) -> FakeStep:
+             checkpoint_every: int | None = None, loss_dtype: str = "float32", optimizer: str = "for-loop",
+             max_layer_passes: int = MAX_LAYER_PASSES, timing: bool = True, progress=None) -> FakeStep:
     """One training step of rank ``rank`` of the ``layout.devices``-rank job, on a fake world.
 
     ``micro_batches`` per step (default: ``global_batch / (DP x micro-batch)`` when a global batch
@@ -476,8 +470,20 @@ def simulate(model: Model, layout: Layout, *, rank: int = 0, world_size: int | N
     default keeps the root and the last block, as FSDP2 and torchtitan do; "always" reshards every
     unit; refused under ZeRO 0-2, which reshard none); ``checkpoint_every=k`` with
     ``recompute="selective"``: per-layer selective recomputation, every k-th block of the stage
-    checkpointed (the k-th, 2k-th, ...: torchtitan's ``selective_ac_option="k"``); per-op selective
-    recomputation is not built, and ``"selective"`` without ``checkpoint_every`` is refused;
+    checkpointed (the k-th, 2k-th, ...: torchtitan's ``selective_ac_option="k"``);
+    ``recompute="selective"`` without ``checkpoint_every``: per-op selective recomputation, every
+    block checkpointed with torchtitan's ``selective_ac_option="op"`` policy (the outputs of its
+    matmuls but every second one, of attention and of the reduce-scatters saved, the rest
+    recomputed: :func:`helpers.fake_world.recipes.op_sac_context_fn`; not Korthikanti's policy,
+    which the planner's ``"selective"`` models); ``loss_dtype``: the dtype of the last stage's
+    cross-entropy, ``"float32"`` (logits upcast first, as torchtitan does: the default, as the
+    fake world always traced it) or ``"bfloat16"``; ``optimizer``: AdamW's implementation,
+    ``"for-loop"`` (one parameter at a time: the default, which the notebooks' figures were
+    measured with; its temporaries, about two of the largest parameter shard, are the smallest a
+    real run has short of fused), ``"foreach"`` (the multi-tensor kernels: torchtitan's default in
+    2024, its temporaries one FP32 copy of the stage's second moments) or ``"fused"`` (torchtitan's
+    default since 2025: no temporaries) (:data:`helpers.fake_world.recipes.OPTIMIZERS`; the step's
+    temporaries are counted under ``optimizer``, with the moments);
     ``timing``: record every op's shapes, FLOPs and bytes by phase of the schedule, for
     :func:`step_time` (``FakeStep.timing``; None without); ``progress``: None, or a callable given a
     line at each micro-batch, direction and (every 0.2 s at most) layer of each trace
@@ -491,6 +497,10 @@ def simulate(model: Model, layout: Layout, *, rank: int = 0, world_size: int | N
         raise ValueError(f"timing must be True or False, got {timing!r}")
     if reduce_dtype not in ("float32", "bfloat16"):
         raise ValueError(f"reduce_dtype must be 'float32' or 'bfloat16', got {reduce_dtype!r}")
+    from .recipes import LOSS_DTYPES, OPTIMIZERS
+
+    validate.one_of(loss_dtype, "loss_dtype", LOSS_DTYPES)
+    validate.one_of(optimizer, "optimizer", tuple(OPTIMIZERS))
     check_reshard(reshard_after_forward, layout)
     progress_.check_progress(progress)
     world = layout.devices
@@ -513,7 +523,9 @@ def simulate(model: Model, layout: Layout, *, rank: int = 0, world_size: int | N
     with fake_world(world, rank):
         res = _run_plan(model, layout, stages, plan, {"dropout": dropout, "reduce_dtype": reduce_dtype,
                                                        "reshard_after_forward": reshard_after_forward,
-                                                       "checkpoint_every": checkpoint_every}, timing, progress)
+                                                       "checkpoint_every": checkpoint_every,
+                                                       "loss_dtype": loss_dtype, "optimizer": optimizer},
+                       timing, progress)
     notes = []
     if len(res["layer_counts"]) == 2:
         notes.append(f"traced {res['layer_counts'][0] - 1} to {res['layer_counts'][1]} of the stage's {plan.layers} "

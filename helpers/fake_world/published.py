@@ -5,10 +5,13 @@ world's nearest configuration, a :class:`~helpers.fake_world.cases.Case`, and sa
 published recipe the trace does not do. A point is
 
 * ``exact`` when the trace does everything the run did that moves memory: the same model, degrees,
-  local batch, sequence, recomputation and BF16/FP32 precision policy, eager;
+  local batch, sequence, recomputation (none, full, per-op or per-layer selective), BF16/FP32
+  precision policy, AdamW implementation (foreach, fused, per parameter) and FP32-upcast loss,
+  eager (:func:`recipe`);
 * ``nearest`` when the trace runs the same model, degrees, batch and sequence but the run also used
-  something the trace cannot do (``differences``: torch.compile, Float8 linears, async TP,
-  interleaved 1F1B), each of which changes the measured figure;
+  something the trace cannot do (``differences``: torch.compile, Float8 linears, async TP), or
+  the source leaves part of the recipe unstated and the trace assumes torchtitan's default (the
+  selective kind, the optimizer's implementation), each of which changes the measured figure;
 * ``refused`` when no trace stands for it (``reason``): a sequence the source does not state, a
   recomputation the fake world refuses (its own error message), HSDP.
 
@@ -53,6 +56,41 @@ NOT_TRACED = {
     "async TP": "async TP (micro-pipelined all-gather + matmul: its own buffers)",
 }
 RECOMPUTE = {"none": "none", "full": "full", "selective-op": "selective", "selective": "selective"}
+# a source that says "selective" without its kind: traced per op, torchtitan's default selective_ac_option
+SELECTIVE_KIND_UNSTATED = ("selective activation checkpointing of an unstated kind (traced per op: torchtitan's "
+                           "default selective_ac_option 'op')")
+OPTIMIZER_UNSTATED = ("AdamW's implementation unstated (traced foreach: torchtitan's default until 2025; fused "
+                      "holds less, per-parameter more in its step)")
+
+
+def recipe(lay) -> tuple[dict, tuple]:
+    """The publication's recipe as :func:`helpers.fake_world.simulate`'s options, and what of it is
+    guessed (texts for ``Match.differences``), from the CSV's ``recompute``, ``optimizer`` and
+    ``precision`` columns: per-layer selective checkpointing (``selective-layer-<k>``:
+    ``checkpoint_every=k``; ``selective-op``: per op, without); AdamW's implementation (the
+    first of the words ``fused``, ``foreach`` or ``for-loop`` the column names); the gradient reduction's dtype (``fp32 reduce`` /
+    ``bf16 reduce``). The loss is always computed on FP32-upcast logits, as torchtitan does."""
+    from ..published import SELECTIVE_LAYER
+
+    opts, guessed = {"loss_dtype": "float32"}, []
+    k = SELECTIVE_LAYER.fullmatch(lay.recompute or "")
+    if k:
+        opts["checkpoint_every"] = int(k.group(1))
+    elif lay.recompute == "selective":
+        guessed.append(SELECTIVE_KIND_UNSTATED)
+    text = (lay.optimizer or "").lower()
+    named = sorted((text.find(word), word) for word in ("fused", "foreach", "for-loop") if word in text)
+    if named:  # the first named ("AdamW, foreach (fused off by default)" is foreach)
+        opts["optimizer"] = named[0][1]
+    else:
+        opts["optimizer"] = "foreach"
+        guessed.append(OPTIMIZER_UNSTATED)
+    precision = (lay.precision or "").lower()
+    if "bf16 reduce" in precision:
+        opts["reduce_dtype"] = "bfloat16"
+    elif "fp32 reduce" in precision:
+        opts["reduce_dtype"] = "float32"
+    return opts, tuple(guessed)
 
 
 # what a published point measures -> the fake figure it is compared with. "active" (allocated plus
@@ -93,7 +131,9 @@ def _layout(point) -> tuple[Layout | None, str]:
                       "PP micro-batches: their size sets the activations)")
     if "nterleaved" in lay.pp_schedule:
         return None, f"the schedule is {lay.pp_schedule} (v > 1 stages a rank): the trace runs plain 1F1B only"
-    recompute = RECOMPUTE.get(lay.recompute)
+    from ..published import SELECTIVE_LAYER
+
+    recompute = "selective" if SELECTIVE_LAYER.fullmatch(lay.recompute or "") else RECOMPUTE.get(lay.recompute)
     if recompute is None:
         return None, f"recompute {lay.recompute!r} has no counterpart in the fake world"
     # torchtitan: FSDP (ZeRO-3) over dp_shard; the local batch is one micro-batch without a pipeline, and
@@ -124,15 +164,16 @@ def match(points=None) -> list[Match]:
         # a pipeline that does not divide the layers: Llama 3's split, one layer fewer on the first and the
         # last stage, which hold the embedding and the head (the sources name no split points; 126 over 8)
         stages = uneven_stages(model.layers, layout.pp) if model.layers % layout.pp else None
+        opts, guessed = recipe(p.layout)
         try:
-            check(model, layout, None, stages)
+            check(model, layout, None, stages, opts.get("checkpoint_every"))
         except ValueError as e:  # the fake world's own refusal, by name
             out.append(Match(p, "refused", None, reason=f"the fake world refuses it: {e}"))
             continue
-        recipe = f"{p.layout.precision}; {p.layout.other}; {p.layout.pp_schedule}"
-        differences = tuple(text for word, text in NOT_TRACED.items() if word in recipe)
+        how = f"{p.layout.precision}; {p.layout.other}; {p.layout.pp_schedule}"
+        differences = tuple(text for word, text in NOT_TRACED.items() if word in how) + guessed
         m = p.layout.micro_batches if layout.pp > 1 else 1
-        sim = {"micro_batches": m, "trace_layers": 2, **({"stages": stages} if stages else {})}
+        sim = {"micro_batches": m, "trace_layers": 2, **opts, **({"stages": stages} if stages else {})}
         case = Case("published", p.id, model, layout, h100_cluster(layout.devices),
                     layout.dp * layout.micro_batch * m, Rules(dropout=False), sim)
         out.append(Match(p, "nearest" if differences else "exact", case, differences))

@@ -48,13 +48,13 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from ..launcher.commlog import _FUNCTIONAL, CommLog, record_call
 from ..pipeline_parallel import run_schedule
 from ..pipeline_schedule import one_f_one_b
 from ..torch_private import FUNCTIONAL_NAMESPACE, flatten_mesh, restart_peak, swap_propagation_lock
 from .llama_model import Stage, stage_layer_ids, tp_plan
+from .recipes import loss, make_optimizer, op_sac_context_fn
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -122,11 +122,12 @@ class StageParts:
     def last(self) -> bool:
         return self.next is None
 
-    def materialize(self, init: bool) -> None:
+    def materialize(self, init: bool, optimizer: str = "for-loop") -> None:
         """Give the stage's (sharded) parameters storage on the CPU (fake tensors under
         ``FakeTensorMode``), initialise them if ``init`` (real runs), and create the AdamW
-        optimizer with its moments as a first step would (zero gradients), so the measured step is
-        a steady-state step."""
+        optimizer (``optimizer``: its implementation, :data:`helpers.fake_world.recipes.OPTIMIZERS`)
+        with its moments as a first step would (zero gradients), so the measured step is a
+        steady-state step."""
         self.stage.to_empty(device="cpu")
         params = list(self.stage.parameters())
         if init:
@@ -134,7 +135,7 @@ class StageParts:
                 for p in params:
                     p.normal_(0.0, 0.02)
         self.anchor = torch.zeros((), requires_grad=True)  # see _StageInput
-        self.opt = torch.optim.AdamW(params, lr=1e-4, foreach=False)
+        self.opt = make_optimizer(params, optimizer)
         for p in params:
             p.grad = torch.zeros_like(p)
         self.opt.step()
@@ -154,13 +155,17 @@ def check_reshard(policy: str, layout) -> str:
 
 
 def build(model, layout, stages: list, *, dropout: bool = False, reduce_dtype: str = "float32",
-          meshes=None, reshard_after_forward: str = "default", checkpoint_every: int | None = None) -> StageParts:
+          meshes=None, reshard_after_forward: str = "default", checkpoint_every: int | None = None,
+          sac_log: list | None = None) -> StageParts:
     """This rank's stage on the meta device, parallelised (TP, activation checkpointing when
     ``layout.recompute == "full"``, then FSDP/replicate per block and for the stage). Call inside
     the process group (fake or real), outside ``FakeTensorMode`` (the mesh reads its rank grid).
     ``meshes``: :func:`make_mesh`'s, to reuse (a 16,384-rank mesh takes seconds to build);
     ``reshard_after_forward``: ZeRO-3's policy, one of :data:`RESHARD_POLICIES`;
-    ``checkpoint_every=k`` (``recompute="selective"``): every k-th block of the stage checkpointed."""
+    ``recompute="selective"``: with ``checkpoint_every=k``, every k-th block of the stage
+    checkpointed (per layer); without, every block checkpointed with torchtitan's per-op policy
+    (:func:`helpers.fake_world.recipes.op_sac_context_fn`); ``sac_log``: the per-op policy's
+    decisions, appended to this list."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     rank = dist.get_rank()
@@ -183,12 +188,12 @@ def build(model, layout, stages: list, *, dropout: bool = False, reduce_dtype: s
     if layout.recompute in ("full", "selective"):  # keep a block's input only; recompute the rest in backward
         from ..torch_private import checkpoint_wrapper
 
-        every = 1 if layout.recompute == "full" else checkpoint_every
-        if every is None:
-            raise ValueError("recompute='selective' needs checkpoint_every (per-op selective is not built)")
+        per_op = layout.recompute == "selective" and checkpoint_every is None
+        every = 1 if layout.recompute == "full" or per_op else checkpoint_every
+        extra = {"context_fn": op_sac_context_fn(sac_log)} if per_op else {}
         for j, name in enumerate(list(stage.layers)):
             if (j + 1) % every == 0:  # the k-th, 2k-th, ... block (torchtitan's count)
-                stage.layers[name] = checkpoint_wrapper(stage.layers[name], preserve_rng_state=False)
+                stage.layers[name] = checkpoint_wrapper(stage.layers[name], preserve_rng_state=False, **extra)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=getattr(torch, reduce_dtype))
     if layout.zero == 0:
         from ..torch_private import replicate
@@ -249,11 +254,12 @@ class _StepOps:
     with which the fake world's figures were measured (MemTracker counts what is alive; releasing
     one sooner could lower a phase's peak by an activation)."""
 
-    def __init__(self, model, layout, parts: StageParts, m: int, mark):
+    def __init__(self, model, layout, parts: StageParts, m: int, mark, loss_dtype: str = "float32"):
         from torch.distributed.tensor.parallel import loss_parallel
 
         c, cp = parts.coords, layout.cp
         self.model, self.parts, self.m, self.mark, self.zero = model, parts, m, mark, layout.zero
+        self.loss_dtype = loss_dtype
         self.b, self.s_local = layout.micro_batch, model.seq_len // cp
         self.s_act = self.s_local // layout.tp if parts.sp else self.s_local
         chunk = model.seq_len // (2 * cp)
@@ -293,11 +299,8 @@ class _StepOps:
         out = p.stage(x, self.positions)
         if p.last:
             with self.loss_context():
-                if model.vocab:
-                    labels = torch.randint(0, model.vocab, (self.b, self.s_local))
-                    out = F.cross_entropy(out.flatten(0, 1).float(), labels.flatten())
-                else:
-                    out = out.float().pow(2).mean()
+                labels = torch.randint(0, model.vocab, (self.b, self.s_local)) if model.vocab else None
+                out = loss(out, labels, self.loss_dtype)
         self.outputs[i] = out
         self.held["F out"] = y = None if p.last else out.detach()
         if i == self.m - 1:
@@ -325,16 +328,18 @@ class _StepOps:
         return dx
 
 
-def run_step(model, layout, parts: StageParts, m: int, *, on_boundary=None, warm: int | None = None):
+def run_step(model, layout, parts: StageParts, m: int, *, on_boundary=None, warm: int | None = None,
+             loss_dtype: str = "float32"):
     """One training step of this rank: ``m`` micro-batches in 1F1B order (warm-up forwards, steady
     forward/backward pairs, cool-down backwards, as Megatron's non-interleaved schedule), then the
     optimizer step. ``on_boundary(kind, i)`` (optional) is called before each forward ('F', i)
     and backward ('B', i), before the optimizer step ('opt', m) and at the end ('end', m):
     :mod:`helpers.fake_world` reads its counters there. ``warm`` replaces the warm-up length
     (1F1B's, min(PP - stage - 1, m)): the fake world passes the one of the real step's m
-    micro-batches, which its shortened traces (fewer steady iterations) keep whole."""
+    micro-batches, which its shortened traces (fewer steady iterations) keep whole. ``loss_dtype``:
+    the dtype the last stage's loss is computed in (:func:`helpers.fake_world.recipes.loss`)."""
     mark = on_boundary or (lambda kind, i: None)
-    ops = _StepOps(model, layout, parts, m, mark)  # held until the step ends (see its ``held``)
+    ops = _StepOps(model, layout, parts, m, mark, loss_dtype)  # held until the step ends (see its ``held``)
     run_schedule(one_f_one_b(layout.pp, m, parts.coords["pp"], warm=warm), ops, paired=True)
     mark("opt", m)
     parts.opt.step()
@@ -739,17 +744,20 @@ class _NoModules:
 
 def measured_step(model, layout, stages, m: int, *, fake: bool, dropout: bool = False, boundaries: bool = False,
                   warm: int | None = None, reduce_dtype: str = "float32", meshes=None,
-                  reshard_after_forward: str = "default", checkpoint_every: int | None = None, op_log=None) -> dict:
+                  reshard_after_forward: str = "default", checkpoint_every: int | None = None, op_log=None,
+                  loss_dtype: str = "float32", optimizer: str = "for-loop", sac_log: list | None = None) -> dict:
     """Build this rank's stage, then run and measure one step: peak bytes by category (MemTracker),
     the model state held after the step, every collective (:class:`helpers.launcher.commlog.CommLog`),
     FLOPs (FlopCounterMode) and, with ``boundaries``, the counters at each micro-batch boundary.
     ``op_log`` (a :class:`helpers.fake_world.timing.OpLog`): records every op's shapes, FLOPs and
-    bytes, by phase of the schedule. Runs in the current process group, fake or real."""
+    bytes, by phase of the schedule; ``loss_dtype``, ``optimizer``, ``sac_log``: the recipe
+    (:mod:`helpers.fake_world.recipes`). Runs in the current process group, fake or real."""
     saved_lock = swap_propagation_lock(_PropagationMarker())
     try:
         t0 = time.perf_counter()
         parts = build(model, layout, stages, dropout=dropout, reduce_dtype=reduce_dtype, meshes=meshes,
-                      reshard_after_forward=reshard_after_forward, checkpoint_every=checkpoint_every)
+                      reshard_after_forward=reshard_after_forward, checkpoint_every=checkpoint_every,
+                      sac_log=sac_log)
         mode = nullcontext()
         if fake:
             from ..torch_private import FakeTensorMode
@@ -757,14 +765,15 @@ def measured_step(model, layout, stages, m: int, *, fake: bool, dropout: bool = 
             mode = FakeTensorMode(allow_non_fake_inputs=True)  # the meta parameters become fake
         with mode:
             return _measure(model, layout, parts, m, init=not fake, boundaries=boundaries, t0=t0, warm=warm,
-                            op_log=op_log)
+                            op_log=op_log, loss_dtype=loss_dtype, optimizer=optimizer)
     finally:
         swap_propagation_lock(saved_lock)
 
 
-def _measure(model, layout, parts, m, *, init, boundaries, t0, warm, op_log=None):
+def _measure(model, layout, parts, m, *, init, boundaries, t0, warm, op_log=None, loss_dtype="float32",
+             optimizer="for-loop"):
 
-    parts.materialize(init)
+    parts.materialize(init, optimizer)
     tracker = memtracker_class()()
     tracker.track_external(parts.stage, parts.opt)
     flops = flop_counter()
@@ -796,7 +805,7 @@ def _measure(model, layout, parts, m, *, init, boundaries, t0, warm, op_log=None
     log = CommLog(record_comm=False)
     tracker.comm_log = log
     with tracker, log, flops:
-        run_step(model, layout, parts, m, on_boundary=mark, warm=warm)
+        run_step(model, layout, parts, m, on_boundary=mark, warm=warm, loss_dtype=loss_dtype)
         close_phase()
     peak = max(phases.values(), key=lambda snap: snap["total"])
     held = _categories(tracker.get_tracker_snapshot("current"))
