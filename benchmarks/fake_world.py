@@ -11,7 +11,8 @@ Prints one `name: value` line per figure:
   fake_405b_16384_full_s         the same with every layer and micro-batch traced (no extrapolation)
   planner_vs_fake_max_rel_err    over the configurations of helpers.fake_world.cases (12.1.1 ... P.11):
                                  the largest |PyTorch / planner - 1| of the per-device peak memory,
-                                 the planner told PyTorch's recipe (Rules(activation_model="pytorch"));
+                                 the planner told PyTorch's recipe (Rules(**helpers.fake_cases.PYTORCH): the model's
+                                 shapes, FSDP2's state at the peak, the FP32 loss, the traced stages);
                                  target <= 0.10, every larger gap explained in its notebook
   planner_vs_fake_rel_err <case> the same for each configuration, and FLOPs per rank
   published_memory <id>          each point of data/published/memory.csv (per-GPU peak measured on real

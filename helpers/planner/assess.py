@@ -18,7 +18,8 @@ its memory per device (:func:`stage_activation_bytes` for the activations) and i
   times the layers' worth of micro-batches a 1F1B stage keeps; without the two dropout masks
   when ``dropout=False``; with recomputation, :func:`helpers.costs.recompute_kept_bytes` per
   layer plus one layer's :func:`helpers.costs.recompute_rematerialised_bytes`) plus a reserve fit
-  in the device.
+  in the device. ``Rules(memory_model="fsdp2")``: the state and the peak of PyTorch's FSDP2 recipe
+  instead (:func:`fsdp2_memory`, :func:`loss_bytes`), as the fake world measures them.
 
 **The step-time model** (per device; every device does the same work; seconds):
 
@@ -118,9 +119,16 @@ class Rules:
     precision: str = "bf16-mixed"
     overlap_ep: bool = False
     activation_model: str = "korthikanti"
+    memory_model: str = "book"
+    stage_layers: tuple = ()
 
     def __post_init__(self):
         one_of(self.activation_model, "activation_model", ACTIVATION_MODELS)
+        one_of(self.memory_model, "memory_model", MEMORY_MODELS)
+        if not isinstance(self.stage_layers, tuple):
+            raise ValueError(f"stage_layers must be a tuple of layer counts (or ()), got {type(self.stage_layers).__name__}")
+        for n in self.stage_layers:
+            integer_at_least(n, "stage_layers entries")
 
 
 # "korthikanti": Korthikanti et al.'s per-layer inventory, for GPT-3's shapes (K and V as wide as Q,
@@ -131,6 +139,12 @@ class Rules:
 # where Megatron keeps their 1/t shards and gathers again in backward). Measured equal to
 # PyTorch's own code on a fake world in helpers.fake_world.
 ACTIVATION_MODELS = ("korthikanti", "shapes", "pytorch")
+
+# "book": the chapters' model state (helpers.memory.per_device_bytes: BF16 weights and gradients,
+# FP32 master and moments, ZeRO sharding them) and a peak that adds every part; "fsdp2": what
+# PyTorch's FSDP2 recipe of helpers.fake_world.step holds (MixedPrecisionPolicy(param_dtype=bf16,
+# reduce_dtype=fp32), AdamW, FP32-upcast loss) at the step's peak, :func:`fsdp2_memory`.
+MEMORY_MODELS = ("book", "fsdp2")
 
 
 @dataclass
@@ -162,6 +176,87 @@ def _layers_per_stage(model: Model, pp: int) -> int:
     return math.ceil(model.layers / pp)
 
 
+def _stage0_layers(model: Model, layout: Layout, rules: Rules) -> int:
+    """Layers of stage 0, the stage whose memory the planner models (1F1B keeps the most
+    micro-batches in flight there): ``rules.stage_layers[0]`` when the stages are given (Llama 3's
+    uneven stages: one layer fewer on the first and the last), else the largest stage."""
+    if rules.stage_layers:
+        if len(rules.stage_layers) != layout.pp or sum(rules.stage_layers) != model.layers:
+            raise ValueError(f"stage_layers must give PP = {layout.pp} layer counts summing to the {model.layers} "
+                             f"layers, got {rules.stage_layers}")
+        return rules.stage_layers[0]
+    return _layers_per_stage(model, layout.pp)
+
+
+def _block_params(model: Model) -> float:
+    """Parameters of one transformer block (attention and MLP; the chapter's round n_params, when
+    given, scales the counted figure as it does the total)."""
+    c = model.counted()
+    scale = model.total_params / sum(c.values())
+    return scale * (c["attention"] + c["dense mlp"] + c["routed experts"] + c["shared experts and routers"]) / model.layers
+
+
+def fsdp2_memory(model: Model, layout: Layout, m: int, rules: Rules, activations: float) -> dict:
+    """Bytes per device at the step's peak under PyTorch's FSDP2 recipe (``memory_model="fsdp2"``,
+    as :mod:`helpers.fake_world.step` builds it), by the categories its ``MemTracker`` files them
+    in: ``weights`` (FP32 sharded parameters, which are AdamW's master copy, and BF16 unsharded
+    ones), ``gradients``, ``optimizer`` (the two AdamW moments), ``activations``.
+
+    P is the stage's parameters on this device (its share of the model / TP), P_l one block's,
+    P_root = P - layers x P_l (embedding and head), d = DP x CP the ranks sharding them (ZeRO 1-3;
+    ZeRO-0's ``replicate`` shards nothing: d = 1 below). Every step holds 4 P / d FP32 parameters
+    and 8 P / d moments. The peak is the larger of the two ends of the last micro-batch's backward
+    (the backward frees activations layer by layer as it makes gradients; a sum that is linear in
+    the layers done peaks at an end):
+
+    * start (the activations of every micro-batch in flight, ``activations``): BF16 weights held
+      from forward to backward, 2 P under ZeRO 0-2 (reshard_after_forward=False); under ZeRO-3
+      one block's, 2 P_l (the others resharded, the next not yet gathered), plus the root's 2
+      P_root (FSDP2 keeps the root unsharded). Gradients: the FP32 accumulated ones of the earlier
+      micro-batches, whole, 4 P, under ZeRO 0-1 with m > 1 (gradient sync deferred to the last
+      micro-batch: FSDP2 accumulates unsharded in reduce_dtype); where a block is reduced in this
+      backward (ZeRO 2-3, and ZeRO-1 with m = 1), its BF16 gradient and the FP32 copy FSDP2
+      reduce-scatters, 6 P_l, and the sharded FP32 gradients of the earlier micro-batches, 4 P / d
+      (m > 1);
+    * end (activations freed, every gradient made): the gradients whole, 4 P (ZeRO-0,
+      ``replicate``'s FP32 gradients, all-reduced), or sharded, 4 P / d; BF16 weights resharded.
+    """
+    lps = _stage0_layers(model, layout, rules)
+    P = model.dense_params * lps / model.layers / layout.tp
+    P_l = _block_params(model) / layout.tp
+    P_root = max(0.0, P - lps * P_l)
+    z = layout.zero
+    d = layout.dp * layout.cp if z >= 1 else 1
+    kept = 4 * P / d  # FP32 sharded parameters (AdamW's master)
+    moments = 8 * P / d
+    if z < 3:
+        w_start = 2 * P
+    else:
+        w_start = 2 * P_l + 2 * P_root
+    reduces_now = z >= 2 or (z == 1 and m == 1)
+    g_start = 4 * P if (z <= 1 and m > 1) else 0.0
+    if reduces_now:
+        g_start += 6 * P_l + (4 * P / d if m > 1 else 0.0)
+    start = {"weights": kept + w_start, "gradients": g_start, "optimizer": moments, "activations": activations}
+    end = {"weights": kept, "gradients": 4 * P / d, "optimizer": moments, "activations": 0.0}
+    return max(start, end, key=lambda x: sum(x.values()))
+
+
+def loss_bytes(model: Model, layout: Layout, rules: Rules) -> float:
+    """Bytes of the loss on FP32-upcast logits (``cross_entropy(logits.float(), ...)``, as
+    torchtitan and the fake world compute it) at the start of the backward, on a stage that holds
+    the output head (PP = 1 here; with a pipeline the planner's stage 0 has no head). Per logit
+    (b x s / CP tokens x V / TP vocabulary entries): the BF16 logits (2 bytes) and the FP32
+    log-probabilities log_softmax saves (4), kept from forward; in the loss's backward the FP32
+    gradient nll_loss_backward makes (4) and log_softmax_backward's (4), measured so on plain
+    ``cross_entropy``; under TP, ``loss_parallel`` holds one more FP32 tensor of the local logits
+    (its own softmax, 4). 0 without a vocabulary or under ``memory_model="book"``."""
+    if rules.memory_model == "book" or not model.vocab or layout.pp > 1:
+        return 0.0
+    logits = layout.micro_batch * (model.seq_len // layout.cp) * model.vocab / layout.tp
+    return logits * (2 + 4 + 4 + 4 + (4 if layout.tp > 1 else 0))
+
+
 def _shape_terms(model: Model, layout: Layout, sp: bool, pytorch_sp: bool) -> float:
     """Bytes per layer to add to Korthikanti's inventory (:data:`ACTIVATION_MODELS`). The terms
     it scales by 1/t: Q, K, V and the output projection's input (2 bytes per element each, all
@@ -191,7 +286,7 @@ def stage_activation_bytes(model: Model, layout: Layout, m: int, rules: Rules = 
         if layout.recompute != "full":
             kept += extra
     p, v = layout.pp, layout.v
-    lps = _layers_per_stage(model, p)
+    lps = _stage0_layers(model, layout, rules)
     if p == 1:
         layer_units = lps  # gradient accumulation runs micro-batches one after another
     elif v == 1:
@@ -268,8 +363,14 @@ def assess(model: Model, cluster: Cluster, global_batch: int, layout: Layout, ru
         es = per_device_bytes(expert_dev, max(1, d // L.ep), L.zero, rules.precision)
         state = {k: state[k] + es[k] for k in state}
     act = stage_activation_bytes(model, L, m, rules)
-    mem = {"weights": state["weights"], "gradients": state["gradients"],
-           "optimizer": state["master"] + state["moments"], "activations": act["total"], "reserve": cluster.reserve_bytes}
+    if rules.memory_model == "fsdp2" and not expert_dev:
+        mem = fsdp2_memory(model, L, m, rules, act["total"] + loss_bytes(model, L, rules))
+        mem["reserve"] = cluster.reserve_bytes
+    elif rules.memory_model == "fsdp2":
+        raise ValueError("memory_model='fsdp2' models dense models only (the fake world builds no experts)")
+    else:
+        mem = {"weights": state["weights"], "gradients": state["gradients"],
+               "optimizer": state["master"] + state["moments"], "activations": act["total"], "reserve": cluster.reserve_bytes}
     mem["total"] = sum(mem.values())
     mem["capacity"] = cluster.memory_bytes
     out.memory = mem
