@@ -37,7 +37,10 @@ its memory per device (:func:`stage_activation_bytes` for the activations) and i
 * pipeline bubble: (p-1)/(v m) x the stage's busy time (12.2.2's idle/useful ratio, 1F1B or
   interleaved), plus 2(p-1) exposed activation hand-offs (fill and drain);
 * data parallelism: the gradient ring (all-reduce, or reduce-scatter + all-gather: same bytes)
-  over the DP x CP ranks, overlapped with the backward of the last micro-batch (ZeRO 0-2); under
+  over the DP x CP ranks, overlapped with the backward of the last micro-batch (ZeRO 0-1); under
+  ZeRO-2 the gradients are sharded, so each micro-batch's are reduce-scattered behind its own
+  backward (m reduce-scatters, one all-gather of the weights); gradients in BF16, or in FP32 (FSDP2's
+  reduce_dtype) with ``Rules(memory_model="fsdp2")``; under
   ZeRO-3 every layer's weights are gathered twice and its gradients reduce-scattered for every
   micro-batch (3 half-rings per layer, each paying its (d-1) alpha latency), overlapped with all
   of the compute.
@@ -425,21 +428,38 @@ def step_time_breakdown(model: Model, cluster: Cluster, global_batch: int, layou
     # data parallelism (over the DP x CP ranks, which hold the same weights)
     d = L.dp * L.cp
     dp = 0.0
+    window = compute if L.zero == 3 else compute * 2 / 3 / m  # ZeRO 0-2: one micro-batch's backward
+    dp_exposed = 0.0
+    # the gradients' dtype on the wire: BF16 in the chapters; FSDP2's reduce_dtype, FP32, in its recipe
+    g_bytes = 4 if rules.memory_model == "fsdp2" else 2
     if d > 1:
         a, bw = cluster.link(n > dpn)
         share = lps / model.layers
         groups = [(model.dense_params * share / L.tp, d)]
         if model.experts:
             groups.append((model.expert_params * share / (L.tp * L.ep), d // L.ep))
+        last, each_mb = 0.0, 0.0  # in the last micro-batch's backward; in every micro-batch's
         for params, size in groups:
             if size < 2:
                 continue
-            if L.zero < 3:  # one ring over all the (BF16) gradients, bucketed
-                dp += costs.alpha_beta_time(size, params * 2, a, bw)
+            if L.zero == 0:  # one all-reduce of the gradients, bucketed, in the last backward
+                last += costs.alpha_beta_time(size, params * g_bytes, a, bw)
+            elif L.zero < 3:  # reduce-scatter of the gradients, all-gather of the (BF16) weights
+                rs = costs.alpha_beta_time(size, params * g_bytes, a, bw, op="reduce_scatter")
+                ag = costs.alpha_beta_time(size, params * 2, a, bw, op="all_gather")
+                last += ag
+                if L.zero == 1:  # gradients accumulated whole, reduced once, after the last micro-batch
+                    last += rs
+                else:  # ZeRO-2: the gradients are sharded, so every micro-batch's are reduce-scattered
+                    each_mb += rs  # in its own backward
             else:  # per micro-batch and per layer: all-gather (forward), all-gather (backward), reduce-scatter
-                dp += 3 * lps * m * costs.alpha_beta_time(size, params * 2 / lps, a, bw, op="all_gather")
-    window = compute if L.zero == 3 else compute * 2 / 3 / m
-    dp_exposed = max(0.0, dp - window)
+                per = lambda b: costs.alpha_beta_time(size, params * b / lps, a, bw, op="all_gather")
+                dp += lps * m * (2 * per(2) + per(g_bytes))
+        if L.zero == 3:
+            dp_exposed = max(0.0, dp - window)
+        else:
+            dp = last + m * each_mb
+            dp_exposed = (m - 1) * max(0.0, each_mb - window) + max(0.0, last + each_mb - window)
     total = busy + bubble + pp + dp_exposed
     return {"compute": compute, "tp": tp, "cp": cp, "ep": ep, "bubble": bubble, "pp hand-off": pp,
             "dp (total)": dp, "dp exposed": dp_exposed, "total": total}
