@@ -81,3 +81,22 @@ def test_defaults_keep_the_chapters_formulas():
     st = per_device_bytes(m.total_params, 4, 1)
     assert a.memory["weights"] == st["weights"] and a.memory["gradients"] == st["gradients"]
     assert a.memory["optimizer"] == st["master"] + st["moments"]
+
+
+def test_optimizer_step_is_adamws_traffic_as_the_trace_counts_it():
+    """The planner's optimizer step told FSDP2's recipe: ADAMW_BYTES_PER_PARAM bytes per parameter of
+    this device's shard at the HBM bandwidth; the fake world's trace of the step (PyTorch's
+    single-tensor AdamW, op by op) moves the same bytes."""
+    from helpers.fake_world.timing import get_device
+    from helpers.planner.assess import ADAMW_BYTES_PER_PARAM, optimizer_step_s
+
+    hbm = get_device("h100_sxm").hbm
+    cluster = h100_cluster(4)
+    assert cluster.hbm_bytes_per_s == hbm
+    for lay in (Layout(dp=4, zero=0), Layout(dp=4, zero=1)):
+        step = fw.simulate(WIDE, lay, micro_batches=1)
+        traced = sum(ph["mem"] for ph in step.timing if ph["kind"] == "opt") / hbm
+        assert abs(optimizer_step_s(WIDE, cluster, lay, TORCH) / traced - 1) < 0.05, lay
+    shard = WIDE.total_params / 4
+    assert optimizer_step_s(WIDE, cluster, Layout(dp=4, zero=2), TORCH) == pytest.approx(ADAMW_BYTES_PER_PARAM * shard / hbm)
+    assert optimizer_step_s(WIDE, cluster, Layout(dp=4, zero=2), Rules()) == 0.0  # the chapters' model leaves it out

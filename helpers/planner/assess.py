@@ -40,7 +40,8 @@ its memory per device (:func:`stage_activation_bytes` for the activations) and i
   over the DP x CP ranks, overlapped with the backward of the last micro-batch (ZeRO 0-1); under
   ZeRO-2 the gradients are sharded, so each micro-batch's are reduce-scattered behind its own
   backward (m reduce-scatters, one all-gather of the weights); gradients in BF16, or in FP32 (FSDP2's
-  reduce_dtype) with ``Rules(memory_model="fsdp2")``; under
+  reduce_dtype) with ``Rules(memory_model="fsdp2")``, which also adds the optimizer step
+  (:func:`optimizer_step_s`, memory-bound AdamW); under
   ZeRO-3 every layer's weights are gathered twice and its gradients reduce-scattered for every
   micro-batch (3 half-rings per layer, each paying its (d-1) alpha latency), overlapped with all
   of the compute.
@@ -460,6 +461,31 @@ def step_time_breakdown(model: Model, cluster: Cluster, global_batch: int, layou
         else:
             dp = last + m * each_mb
             dp_exposed = (m - 1) * max(0.0, each_mb - window) + max(0.0, last + each_mb - window)
-    total = busy + bubble + pp + dp_exposed
+    opt = optimizer_step_s(model, cluster, L, rules)
+    total = busy + bubble + pp + dp_exposed + opt
     return {"compute": compute, "tp": tp, "cp": cp, "ep": ep, "bubble": bubble, "pp hand-off": pp,
-            "dp (total)": dp, "dp exposed": dp_exposed, "total": total}
+            "dp (total)": dp, "dp exposed": dp_exposed, "optimizer": opt, "total": total}
+
+
+# HBM bytes per parameter of one step of PyTorch's single-tensor AdamW (foreach=False, as the fake
+# world runs it), in FP32, op by op: exp_avg.lerp_(grad) reads m, g and writes m (12);
+# exp_avg_sq.mul_(beta2) (8) and .addcmul_(grad, grad) (16); param.mul_(1 - lr wd) (8); the
+# denominator exp_avg_sq.sqrt() (8), / sqrt(bias correction) (8), .add_(eps) (8); and
+# param.addcdiv_(exp_avg, denom) reads p, m, d and writes p (16).
+ADAMW_BYTES_PER_PARAM = 12 + 8 + 16 + 8 + 8 + 8 + 8 + 16
+
+
+def optimizer_step_s(model: Model, cluster: Cluster, layout: Layout, rules: Rules = Rules()) -> float:
+    """Seconds of the optimizer step, after the backward (nothing to hide it behind), told FSDP2's
+    recipe (``memory_model="fsdp2"``): AdamW's memory traffic (:data:`ADAMW_BYTES_PER_PARAM`) over
+    the parameters this device updates (its shard: P / (DP x CP) under ZeRO 1-3, P under ZeRO-0),
+    at the device's HBM bandwidth; a memory-bound elementwise update. 0 under the chapters' model
+    (``memory_model="book"``), which leaves it out, or on a cluster without an HBM bandwidth."""
+    if rules.memory_model == "book" or not cluster.hbm_bytes_per_s:
+        return 0.0
+    share = _layers_per_stage(model, layout.pp) / model.layers
+    params = model.dense_params * share / layout.tp / (layout.dp * layout.cp if layout.zero >= 1 else 1)
+    if model.experts:
+        params += model.expert_params * share / (layout.tp * layout.ep) / (
+            max(1, layout.dp * layout.cp // layout.ep) if layout.zero >= 1 else 1)
+    return ADAMW_BYTES_PER_PARAM * params / cluster.hbm_bytes_per_s
