@@ -70,6 +70,11 @@ def test_stage_layers_give_stage_0s_layers():
         Rules(stage_layers=[2, 3])
     with pytest.raises(ValueError, match="memory_model"):
         Rules(memory_model="guess")
+    with pytest.raises(ValueError, match="precision"):  # FSDP2's model is BF16 mixed precision only
+        Rules(memory_model="fsdp2", precision="fp32")
+    # the stages also set the state (stage 0's share of the weights) and the pace (the largest stage)
+    assert a3.memory["weights"] == pytest.approx(a_ceil.memory["weights"] * 2 / 3)
+    assert a3.time["compute"] == pytest.approx(a_ceil.time["compute"])
 
 
 def test_defaults_keep_the_chapters_formulas():

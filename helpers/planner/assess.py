@@ -122,9 +122,9 @@ class Rules:
     dropout: bool = True
     precision: str = "bf16-mixed"
     overlap_ep: bool = False
-    activation_model: str = "korthikanti"
-    memory_model: str = "book"
-    stage_layers: tuple = ()
+    activation_model: str = "korthikanti"  # ACTIVATION_MODELS
+    memory_model: str = "book"  # MEMORY_MODELS: the chapters' state, or FSDP2's at the peak
+    stage_layers: tuple = ()  # layers of each pipeline stage (e.g. Llama 3's uneven ones); () for ceil(L / PP)
 
     def __post_init__(self):
         one_of(self.activation_model, "activation_model", ACTIVATION_MODELS)
@@ -133,6 +133,9 @@ class Rules:
             raise ValueError(f"stage_layers must be a tuple of layer counts (or ()), got {type(self.stage_layers).__name__}")
         for n in self.stage_layers:
             integer_at_least(n, "stage_layers entries")
+        if self.memory_model == "fsdp2" and self.precision != "bf16-mixed":
+            raise ValueError(f"memory_model='fsdp2' is FSDP2's BF16 mixed precision (FP32 master and reduction): "
+                             f"precision={self.precision!r} is not modelled with it")
 
 
 # "korthikanti": Korthikanti et al.'s per-layer inventory, for GPT-3's shapes (K and V as wide as Q,
@@ -189,6 +192,15 @@ def _stage0_layers(model: Model, layout: Layout, rules: Rules) -> int:
             raise ValueError(f"stage_layers must give PP = {layout.pp} layer counts summing to the {model.layers} "
                              f"layers, got {rules.stage_layers}")
         return rules.stage_layers[0]
+    return _layers_per_stage(model, layout.pp)
+
+
+def _busiest_layers(model: Model, layout: Layout, rules: Rules) -> int:
+    """Layers of the stage with the most (the one that sets the pipeline's pace): the largest of
+    ``rules.stage_layers`` when given (checked by :func:`_stage0_layers`), else ceil(L / PP)."""
+    if rules.stage_layers:
+        _stage0_layers(model, layout, rules)
+        return max(rules.stage_layers)
     return _layers_per_stage(model, layout.pp)
 
 
@@ -356,8 +368,8 @@ def assess(model: Model, cluster: Cluster, global_batch: int, layout: Layout, ru
     out = Assessment(L, False, reasons, notes, m)
     if m is None or L.devices != n or stages > model.layers:
         return out
-    # memory
-    lps = _layers_per_stage(model, L.pp)
+    # memory (of stage 0: the most micro-batches in flight)
+    lps = _stage0_layers(model, L, rules)
     share = lps / model.layers
     dense_dev = model.dense_params * share / L.tp
     expert_dev = model.expert_params * share / (L.tp * L.ep)
@@ -392,7 +404,7 @@ def step_time_breakdown(model: Model, cluster: Cluster, global_batch: int, layou
     """The step-time estimate of the module docstring, by part (seconds per step)."""
     L, n, dpn = layout, cluster.n_devices, cluster.devices_per_node
     s = model.seq_len // L.cp
-    lps = _layers_per_stage(model, L.pp)
+    lps = _busiest_layers(model, L, rules)
     extra = costs.recompute_flops_per_token(L.recompute, model.active_params, model.layers, model.seq_len, model.heads * model.hd)
     flops = (model.flops_per_token() + extra) * global_batch * model.seq_len / n
     compute = flops / (cluster.peak_flops * cluster.efficiency)
@@ -483,7 +495,7 @@ def optimizer_step_s(model: Model, cluster: Cluster, layout: Layout, rules: Rule
     (``memory_model="book"``), which leaves it out, or on a cluster without an HBM bandwidth."""
     if rules.memory_model == "book" or not cluster.hbm_bytes_per_s:
         return 0.0
-    share = _layers_per_stage(model, layout.pp) / model.layers
+    share = _busiest_layers(model, layout, rules) / model.layers
     params = model.dense_params * share / layout.tp / (layout.dp * layout.cp if layout.zero >= 1 else 1)
     if model.experts:
         params += model.expert_params * share / (layout.tp * layout.ep) / (
