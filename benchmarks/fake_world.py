@@ -11,7 +11,8 @@ Prints one `name: value` line per figure:
   fake_405b_16384_full_s         the same with every layer and micro-batch traced (no extrapolation)
   planner_vs_fake_max_rel_err    over the configurations of helpers.fake_world.cases (12.1.1 ... P.11):
                                  the largest |PyTorch / planner - 1| of the per-device peak memory,
-                                 the planner told PyTorch's recipe (Rules(activation_model="pytorch"));
+                                 the planner told PyTorch's recipe (Rules(**helpers.fake_cases.PYTORCH): the model's
+                                 shapes, FSDP2's state at the peak, the FP32 loss, the traced stages);
                                  target <= 0.10, every larger gap explained in its notebook
   planner_vs_fake_rel_err <case> the same for each configuration, and FLOPs per rank
   published_memory <id>          each point of data/published/memory.csv (per-GPU peak measured on real
@@ -24,6 +25,7 @@ Prints one `name: value` line per figure:
   published_memory_max_rel_err   the largest |fake / published - 1| over those points (goal <= 0.15)
   published_memory_nearest_*     the same over the nearest-recipe points (compile, Float8: not traced)
   step_time <case>               fake_world.step_time on H100: step s, MFU, breakdown, the planner's step s
+                                 and its relative gap, and the planner's told PyTorch's recipe (FP32 gradients)
   timing_overhead                simulate with timing=True over timing=False (12.4.1 70B case; goal <= 1.20)
   published_mfu_within_15pct     k/n published runs (helpers.published.throughput_runs, where it exists) whose MFU
   published_mfu_max_rel_err      the step-time model gives within 15%; the largest relative error; every run
@@ -115,8 +117,11 @@ def main():
         steps[key] = fake_world.step_time(s)
     print(f"planner_vs_fake_max_rel_err: {worst:.3f}  ({worst_key})")
     for key, st in steps.items():
+        recipe = _planner_recipe_step(cases[key], st)
         print(f"step_time {key}: {st.step_s:.2f} s, MFU {st.mfu:.3f}, " + ", ".join(
-            f"{k} {v:.2f}" for k, v in st.breakdown.items()) + f"; planner {st.planner['step_s']:.2f} s")
+            f"{k} {v:.2f}" for k, v in st.breakdown.items()) + f"; planner {st.planner['step_s']:.2f} s "
+              f"({st.planner['step_s'] / st.step_s - 1:+.3f}), told PyTorch's recipe {recipe:.2f} s "
+              f"({recipe / st.step_s - 1:+.3f})")
     case = next(c for k, c in cases.items() if k.startswith("12.4.1 70B"))
     cpu = {}
     for timing in (False, True, True, False):
@@ -127,6 +132,18 @@ def main():
     published()
     published_memory()
     explorer()
+
+
+def _planner_recipe_step(case, st) -> float:
+    """The planner's step time for ``case`` told PyTorch's recipe (fake_cases.PYTORCH: FP32 gradients
+    on the wire, the traced stages) on the cluster step_time's own planner figure uses."""
+    from dataclasses import replace
+
+    from helpers.planner import assess, h100_cluster
+
+    extra = {"stage_layers": tuple(case.sim["stages"])} if "stages" in case.sim else {}
+    rules = replace(case.rules, **fake_cases.PYTORCH, **extra)
+    return assess(case.model, h100_cluster(case.layout.devices), case.global_batch, case.layout, rules).time["total"]
 
 
 def published():

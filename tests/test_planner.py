@@ -281,3 +281,22 @@ def test_decision_sequence_judges_the_bubble_as_idle_over_total(h256):
         assert (lay.dp, lay.cp, lay.tp, lay.pp) == (1, 2, 8, 16)
         assert st[-1]["question"].startswith("4b.") and st[-1]["answer"] is passes, target
         assert st[-1]["detail"].startswith(f"p = 16, m = 16: {15 / 31:.1%}")
+
+
+def test_zero2_reduce_scatters_every_micro_batch_behind_its_own_backward():
+    """ZeRO-2 shards the gradients, so each of the m micro-batches' gradients is reduce-scattered
+    (in its own backward); ZeRO-1 reduces the accumulated ones once. Under FSDP2's recipe the
+    gradients travel in FP32 (reduce_dtype), the weights' all-gather in BF16."""
+    model, cluster = _toy()
+    compute = (6 * 1e9 + 12 * 4 * 1024 * 1024) * 64 * 1024 / 16 / (1e15 * 0.5)
+    half = lambda nbytes: 15 * 2e-5 + 15 / 16 * nbytes / 1e10  # one half-ring over DP=16, inter-server
+    w = compute * 2 / 3 / 4
+    t = pl.step_time_breakdown(model, cluster, 64, pl.Layout(dp=16, zero=2), 4)
+    assert t["dp (total)"] == pytest.approx(4 * half(2e9) + half(2e9), rel=1e-12)
+    assert t["dp exposed"] == pytest.approx(3 * max(0.0, half(2e9) - w) + max(0.0, 2 * half(2e9) - w), rel=1e-12)
+    assert t["dp exposed"] > pl.step_time_breakdown(model, cluster, 64, pl.Layout(dp=16, zero=1), 4)["dp exposed"]
+    fsdp2 = pl.Rules(memory_model="fsdp2")
+    t1 = pl.step_time_breakdown(model, cluster, 64, pl.Layout(dp=16, zero=1), 4, fsdp2)
+    assert t1["dp (total)"] == pytest.approx(half(4e9) + half(2e9), rel=1e-12)
+    t0 = pl.step_time_breakdown(model, cluster, 64, pl.Layout(dp=16, zero=0), 4, fsdp2)
+    assert t0["dp (total)"] == pytest.approx(2 * half(4e9), rel=1e-12)  # replicate's FP32 all-reduce

@@ -8,9 +8,10 @@ per-device memory beside what PyTorch's code holds at its peak; :func:`check_lay
 a plan's ranking on the fake world and says whether PyTorch's peak fits the device (12.4.1, 12.4.2).
 
 Two planner figures are shown: with the chapters' activation formula (Korthikanti et al.'s GPT-3
-inventory and Megatron's sequence parallelism) and with ``Rules(activation_model="pytorch")``:
+inventory and Megatron's sequence parallelism) and told PyTorch's recipe (:data:`PYTORCH`):
 the model's own shapes and what PyTorch's ``SequenceParallel`` keeps (see
-:data:`helpers.planner.ACTIVATION_MODELS`).
+:data:`helpers.planner.ACTIVATION_MODELS`), FSDP2's model state at the step's peak and the loss on
+FP32 logits (:func:`helpers.planner.assess.fsdp2_memory`), and the fake world's pipeline stages.
 """
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ from ..memory import GB
 from ..planner import Cluster, Layout, Model, Rules, assess, book_70b, book_100b, h100_cluster, p11_40b, p11_cluster
 from . import simulate, uneven_stages
 
-PYTORCH = {"activation_model": "pytorch"}
+# the planner told PyTorch's recipe: the model's own shapes and SequenceParallel's kept inputs
+# (activation_model), FSDP2's model state and peak and the FP32-upcast loss (memory_model)
+PYTORCH = {"activation_model": "pytorch", "memory_model": "fsdp2"}
 
 
 def book_7_5b() -> Model:
@@ -51,6 +54,8 @@ class Case:
 
     def planner(self, **rules) -> dict:
         """The planner's memory per device (bytes by part) with ``rules`` changed."""
+        if rules.get("memory_model") == "fsdp2" and "stages" in self.sim:  # the stages the fake world traces
+            rules = {"stage_layers": tuple(self.sim["stages"]), **rules}
         return assess(self.model, self.cluster, self.global_batch, self.layout, replace(self.rules, **rules)).memory
 
     def simulate(self, **overrides):

@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 from ..memory import GB
 from .assess import (
     ACTIVATION_MODELS,
+    MEMORY_MODELS,
     RECOMPUTE,
     RECOMPUTE_POLICIES,
     Assessment,
@@ -55,7 +56,7 @@ from .specs import (
     p11_cluster,
 )
 
-__all__ = ["DATA", "ACTIVATION_MODELS", "RECOMPUTE", "RECOMPUTE_POLICIES", "Model", "Cluster", "hardware", "h100_cluster", "a100_cluster",
+__all__ = ["DATA", "ACTIVATION_MODELS", "MEMORY_MODELS", "RECOMPUTE", "RECOMPUTE_POLICIES", "Model", "Cluster", "hardware", "h100_cluster", "a100_cluster",
            "divisors", "book_70b", "book_100b", "book_175b", "p11_40b", "p11_cluster", "Layout", "Rules", "Assessment",
            "stage_activation_bytes", "assess", "step_time_breakdown", "Plan", "enumerate_layouts", "plan", "table", "report",
            "format_steps", "neighbours", "explain", "decision_sequence", "rule_of_thumb", "book_p11", "book_12_4_1",

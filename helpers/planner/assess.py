@@ -18,7 +18,8 @@ its memory per device (:func:`stage_activation_bytes` for the activations) and i
   times the layers' worth of micro-batches a 1F1B stage keeps; without the two dropout masks
   when ``dropout=False``; with recomputation, :func:`helpers.costs.recompute_kept_bytes` per
   layer plus one layer's :func:`helpers.costs.recompute_rematerialised_bytes`) plus a reserve fit
-  in the device.
+  in the device. ``Rules(memory_model="fsdp2")``: the state and the peak of PyTorch's FSDP2 recipe
+  instead (:func:`fsdp2_memory`, :func:`loss_bytes`), as the fake world measures them.
 
 **The step-time model** (per device; every device does the same work; seconds):
 
@@ -36,7 +37,11 @@ its memory per device (:func:`stage_activation_bytes` for the activations) and i
 * pipeline bubble: (p-1)/(v m) x the stage's busy time (12.2.2's idle/useful ratio, 1F1B or
   interleaved), plus 2(p-1) exposed activation hand-offs (fill and drain);
 * data parallelism: the gradient ring (all-reduce, or reduce-scatter + all-gather: same bytes)
-  over the DP x CP ranks, overlapped with the backward of the last micro-batch (ZeRO 0-2); under
+  over the DP x CP ranks, overlapped with the backward of the last micro-batch (ZeRO 0-1); under
+  ZeRO-2 the gradients are sharded, so each micro-batch's are reduce-scattered behind its own
+  backward (m reduce-scatters, one all-gather of the weights); gradients in BF16, or in FP32 (FSDP2's
+  reduce_dtype) with ``Rules(memory_model="fsdp2")``, which also adds the optimizer step
+  (:func:`optimizer_step_s`, memory-bound AdamW); under
   ZeRO-3 every layer's weights are gathered twice and its gradients reduce-scattered for every
   micro-batch (3 half-rings per layer, each paying its (d-1) alpha latency), overlapped with all
   of the compute.
@@ -117,10 +122,20 @@ class Rules:
     dropout: bool = True
     precision: str = "bf16-mixed"
     overlap_ep: bool = False
-    activation_model: str = "korthikanti"
+    activation_model: str = "korthikanti"  # ACTIVATION_MODELS
+    memory_model: str = "book"  # MEMORY_MODELS: the chapters' state, or FSDP2's at the peak
+    stage_layers: tuple = ()  # layers of each pipeline stage (e.g. Llama 3's uneven ones); () for ceil(L / PP)
 
     def __post_init__(self):
         one_of(self.activation_model, "activation_model", ACTIVATION_MODELS)
+        one_of(self.memory_model, "memory_model", MEMORY_MODELS)
+        if not isinstance(self.stage_layers, tuple):
+            raise ValueError(f"stage_layers must be a tuple of layer counts (or ()), got {type(self.stage_layers).__name__}")
+        for n in self.stage_layers:
+            integer_at_least(n, "stage_layers entries")
+        if self.memory_model == "fsdp2" and self.precision != "bf16-mixed":
+            raise ValueError(f"memory_model='fsdp2' is FSDP2's BF16 mixed precision (FP32 master and reduction): "
+                             f"precision={self.precision!r} is not modelled with it")
 
 
 # "korthikanti": Korthikanti et al.'s per-layer inventory, for GPT-3's shapes (K and V as wide as Q,
@@ -131,6 +146,12 @@ class Rules:
 # where Megatron keeps their 1/t shards and gathers again in backward). Measured equal to
 # PyTorch's own code on a fake world in helpers.fake_world.
 ACTIVATION_MODELS = ("korthikanti", "shapes", "pytorch")
+
+# "book": the chapters' model state (helpers.memory.per_device_bytes: BF16 weights and gradients,
+# FP32 master and moments, ZeRO sharding them) and a peak that adds every part; "fsdp2": what
+# PyTorch's FSDP2 recipe of helpers.fake_world.step holds (MixedPrecisionPolicy(param_dtype=bf16,
+# reduce_dtype=fp32), AdamW, FP32-upcast loss) at the step's peak, :func:`fsdp2_memory`.
+MEMORY_MODELS = ("book", "fsdp2")
 
 
 @dataclass
@@ -162,6 +183,96 @@ def _layers_per_stage(model: Model, pp: int) -> int:
     return math.ceil(model.layers / pp)
 
 
+def _stage0_layers(model: Model, layout: Layout, rules: Rules) -> int:
+    """Layers of stage 0, the stage whose memory the planner models (1F1B keeps the most
+    micro-batches in flight there): ``rules.stage_layers[0]`` when the stages are given (Llama 3's
+    uneven stages: one layer fewer on the first and the last), else the largest stage."""
+    if rules.stage_layers:
+        if len(rules.stage_layers) != layout.pp or sum(rules.stage_layers) != model.layers:
+            raise ValueError(f"stage_layers must give PP = {layout.pp} layer counts summing to the {model.layers} "
+                             f"layers, got {rules.stage_layers}")
+        return rules.stage_layers[0]
+    return _layers_per_stage(model, layout.pp)
+
+
+def _busiest_layers(model: Model, layout: Layout, rules: Rules) -> int:
+    """Layers of the stage with the most (the one that sets the pipeline's pace): the largest of
+    ``rules.stage_layers`` when given (checked by :func:`_stage0_layers`), else ceil(L / PP)."""
+    if rules.stage_layers:
+        _stage0_layers(model, layout, rules)
+        return max(rules.stage_layers)
+    return _layers_per_stage(model, layout.pp)
+
+
+def _block_params(model: Model) -> float:
+    """Parameters of one transformer block (attention and MLP; the chapter's round n_params, when
+    given, scales the counted figure as it does the total)."""
+    c = model.counted()
+    scale = model.total_params / sum(c.values())
+    return scale * (c["attention"] + c["dense mlp"] + c["routed experts"] + c["shared experts and routers"]) / model.layers
+
+
+def fsdp2_memory(model: Model, layout: Layout, m: int, rules: Rules, activations: float) -> dict:
+    """Bytes per device at the step's peak under PyTorch's FSDP2 recipe (``memory_model="fsdp2"``,
+    as :mod:`helpers.fake_world.step` builds it), by the categories its ``MemTracker`` files them
+    in: ``weights`` (FP32 sharded parameters, which are AdamW's master copy, and BF16 unsharded
+    ones), ``gradients``, ``optimizer`` (the two AdamW moments), ``activations``.
+
+    P is the stage's parameters on this device (its share of the model / TP), P_l one block's,
+    P_root = P - layers x P_l (embedding and head), d = DP x CP the ranks sharding them (ZeRO 1-3;
+    ZeRO-0's ``replicate`` shards nothing: d = 1 below). Every step holds 4 P / d FP32 parameters
+    and 8 P / d moments. The peak is the larger of the two ends of the last micro-batch's backward
+    (the backward frees activations layer by layer as it makes gradients; a sum that is linear in
+    the layers done peaks at an end):
+
+    * start (the activations of every micro-batch in flight, ``activations``): BF16 weights held
+      from forward to backward, 2 P under ZeRO 0-2 (reshard_after_forward=False); under ZeRO-3
+      one block's, 2 P_l (the others resharded, the next not yet gathered), plus the root's 2
+      P_root (FSDP2 keeps the root unsharded). Gradients: the FP32 accumulated ones of the earlier
+      micro-batches, whole, 4 P, under ZeRO 0-1 with m > 1 (gradient sync deferred to the last
+      micro-batch: FSDP2 accumulates unsharded in reduce_dtype); where a block is reduced in this
+      backward (ZeRO 2-3, and ZeRO-1 with m = 1), its BF16 gradient and the FP32 copy FSDP2
+      reduce-scatters, 6 P_l, and the sharded FP32 gradients of the earlier micro-batches, 4 P / d
+      (m > 1);
+    * end (activations freed, every gradient made): the gradients whole, 4 P (ZeRO-0,
+      ``replicate``'s FP32 gradients, all-reduced), or sharded, 4 P / d; BF16 weights resharded.
+    """
+    lps = _stage0_layers(model, layout, rules)
+    P = model.dense_params * lps / model.layers / layout.tp
+    P_l = _block_params(model) / layout.tp
+    P_root = max(0.0, P - lps * P_l)
+    z = layout.zero
+    d = layout.dp * layout.cp if z >= 1 else 1
+    kept = 4 * P / d  # FP32 sharded parameters (AdamW's master)
+    moments = 8 * P / d
+    if z < 3:
+        w_start = 2 * P
+    else:
+        w_start = 2 * P_l + 2 * P_root
+    reduces_now = z >= 2 or (z == 1 and m == 1)
+    g_start = 4 * P if (z <= 1 and m > 1) else 0.0
+    if reduces_now:
+        g_start += 6 * P_l + (4 * P / d if m > 1 else 0.0)
+    start = {"weights": kept + w_start, "gradients": g_start, "optimizer": moments, "activations": activations}
+    end = {"weights": kept, "gradients": 4 * P / d, "optimizer": moments, "activations": 0.0}
+    return max(start, end, key=lambda x: sum(x.values()))
+
+
+def loss_bytes(model: Model, layout: Layout, rules: Rules) -> float:
+    """Bytes of the loss on FP32-upcast logits (``cross_entropy(logits.float(), ...)``, as
+    torchtitan and the fake world compute it) at the start of the backward, on a stage that holds
+    the output head (PP = 1 here; with a pipeline the planner's stage 0 has no head). Per logit
+    (b x s / CP tokens x V / TP vocabulary entries): the BF16 logits (2 bytes) and the FP32
+    log-probabilities log_softmax saves (4), kept from forward; in the loss's backward the FP32
+    gradient nll_loss_backward makes (4) and log_softmax_backward's (4), measured so on plain
+    ``cross_entropy``; under TP, ``loss_parallel`` holds one more FP32 tensor of the local logits
+    (its own softmax, 4). 0 without a vocabulary or under ``memory_model="book"``."""
+    if rules.memory_model == "book" or not model.vocab or layout.pp > 1:
+        return 0.0
+    logits = layout.micro_batch * (model.seq_len // layout.cp) * model.vocab / layout.tp
+    return logits * (2 + 4 + 4 + 4 + (4 if layout.tp > 1 else 0))
+
+
 def _shape_terms(model: Model, layout: Layout, sp: bool, pytorch_sp: bool) -> float:
     """Bytes per layer to add to Korthikanti's inventory (:data:`ACTIVATION_MODELS`). The terms
     it scales by 1/t: Q, K, V and the output projection's input (2 bytes per element each, all
@@ -191,7 +302,7 @@ def stage_activation_bytes(model: Model, layout: Layout, m: int, rules: Rules = 
         if layout.recompute != "full":
             kept += extra
     p, v = layout.pp, layout.v
-    lps = _layers_per_stage(model, p)
+    lps = _stage0_layers(model, layout, rules)
     if p == 1:
         layer_units = lps  # gradient accumulation runs micro-batches one after another
     elif v == 1:
@@ -257,8 +368,8 @@ def assess(model: Model, cluster: Cluster, global_batch: int, layout: Layout, ru
     out = Assessment(L, False, reasons, notes, m)
     if m is None or L.devices != n or stages > model.layers:
         return out
-    # memory
-    lps = _layers_per_stage(model, L.pp)
+    # memory (of stage 0: the most micro-batches in flight)
+    lps = _stage0_layers(model, L, rules)
     share = lps / model.layers
     dense_dev = model.dense_params * share / L.tp
     expert_dev = model.expert_params * share / (L.tp * L.ep)
@@ -268,8 +379,14 @@ def assess(model: Model, cluster: Cluster, global_batch: int, layout: Layout, ru
         es = per_device_bytes(expert_dev, max(1, d // L.ep), L.zero, rules.precision)
         state = {k: state[k] + es[k] for k in state}
     act = stage_activation_bytes(model, L, m, rules)
-    mem = {"weights": state["weights"], "gradients": state["gradients"],
-           "optimizer": state["master"] + state["moments"], "activations": act["total"], "reserve": cluster.reserve_bytes}
+    if rules.memory_model == "fsdp2" and not expert_dev:
+        mem = fsdp2_memory(model, L, m, rules, act["total"] + loss_bytes(model, L, rules))
+        mem["reserve"] = cluster.reserve_bytes
+    elif rules.memory_model == "fsdp2":
+        raise ValueError("memory_model='fsdp2' models dense models only (the fake world builds no experts)")
+    else:
+        mem = {"weights": state["weights"], "gradients": state["gradients"],
+               "optimizer": state["master"] + state["moments"], "activations": act["total"], "reserve": cluster.reserve_bytes}
     mem["total"] = sum(mem.values())
     mem["capacity"] = cluster.memory_bytes
     out.memory = mem
@@ -287,7 +404,7 @@ def step_time_breakdown(model: Model, cluster: Cluster, global_batch: int, layou
     """The step-time estimate of the module docstring, by part (seconds per step)."""
     L, n, dpn = layout, cluster.n_devices, cluster.devices_per_node
     s = model.seq_len // L.cp
-    lps = _layers_per_stage(model, L.pp)
+    lps = _busiest_layers(model, L, rules)
     extra = costs.recompute_flops_per_token(L.recompute, model.active_params, model.layers, model.seq_len, model.heads * model.hd)
     flops = (model.flops_per_token() + extra) * global_batch * model.seq_len / n
     compute = flops / (cluster.peak_flops * cluster.efficiency)
@@ -324,21 +441,63 @@ def step_time_breakdown(model: Model, cluster: Cluster, global_batch: int, layou
     # data parallelism (over the DP x CP ranks, which hold the same weights)
     d = L.dp * L.cp
     dp = 0.0
+    window = compute if L.zero == 3 else compute * 2 / 3 / m  # ZeRO 0-2: one micro-batch's backward
+    dp_exposed = 0.0
+    # the gradients' dtype on the wire: BF16 in the chapters; FSDP2's reduce_dtype, FP32, in its recipe
+    g_bytes = 4 if rules.memory_model == "fsdp2" else 2
     if d > 1:
         a, bw = cluster.link(n > dpn)
         share = lps / model.layers
         groups = [(model.dense_params * share / L.tp, d)]
         if model.experts:
             groups.append((model.expert_params * share / (L.tp * L.ep), d // L.ep))
+        last, each_mb = 0.0, 0.0  # in the last micro-batch's backward; in every micro-batch's
         for params, size in groups:
             if size < 2:
                 continue
-            if L.zero < 3:  # one ring over all the (BF16) gradients, bucketed
-                dp += costs.alpha_beta_time(size, params * 2, a, bw)
+            if L.zero == 0:  # one all-reduce of the gradients, bucketed, in the last backward
+                last += costs.alpha_beta_time(size, params * g_bytes, a, bw)
+            elif L.zero < 3:  # reduce-scatter of the gradients, all-gather of the (BF16) weights
+                rs = costs.alpha_beta_time(size, params * g_bytes, a, bw, op="reduce_scatter")
+                ag = costs.alpha_beta_time(size, params * 2, a, bw, op="all_gather")
+                last += ag
+                if L.zero == 1:  # gradients accumulated whole, reduced once, after the last micro-batch
+                    last += rs
+                else:  # ZeRO-2: the gradients are sharded, so every micro-batch's are reduce-scattered
+                    each_mb += rs  # in its own backward
             else:  # per micro-batch and per layer: all-gather (forward), all-gather (backward), reduce-scatter
-                dp += 3 * lps * m * costs.alpha_beta_time(size, params * 2 / lps, a, bw, op="all_gather")
-    window = compute if L.zero == 3 else compute * 2 / 3 / m
-    dp_exposed = max(0.0, dp - window)
-    total = busy + bubble + pp + dp_exposed
+                per = lambda b: costs.alpha_beta_time(size, params * b / lps, a, bw, op="all_gather")
+                dp += lps * m * (2 * per(2) + per(g_bytes))
+        if L.zero == 3:
+            dp_exposed = max(0.0, dp - window)
+        else:
+            dp = last + m * each_mb
+            dp_exposed = (m - 1) * max(0.0, each_mb - window) + max(0.0, last + each_mb - window)
+    opt = optimizer_step_s(model, cluster, L, rules)
+    total = busy + bubble + pp + dp_exposed + opt
     return {"compute": compute, "tp": tp, "cp": cp, "ep": ep, "bubble": bubble, "pp hand-off": pp,
-            "dp (total)": dp, "dp exposed": dp_exposed, "total": total}
+            "dp (total)": dp, "dp exposed": dp_exposed, "optimizer": opt, "total": total}
+
+
+# HBM bytes per parameter of one step of PyTorch's single-tensor AdamW (foreach=False, as the fake
+# world runs it), in FP32, op by op: exp_avg.lerp_(grad) reads m, g and writes m (12);
+# exp_avg_sq.mul_(beta2) (8) and .addcmul_(grad, grad) (16); param.mul_(1 - lr wd) (8); the
+# denominator exp_avg_sq.sqrt() (8), / sqrt(bias correction) (8), .add_(eps) (8); and
+# param.addcdiv_(exp_avg, denom) reads p, m, d and writes p (16).
+ADAMW_BYTES_PER_PARAM = 12 + 8 + 16 + 8 + 8 + 8 + 8 + 16
+
+
+def optimizer_step_s(model: Model, cluster: Cluster, layout: Layout, rules: Rules = Rules()) -> float:
+    """Seconds of the optimizer step, after the backward (nothing to hide it behind), told FSDP2's
+    recipe (``memory_model="fsdp2"``): AdamW's memory traffic (:data:`ADAMW_BYTES_PER_PARAM`) over
+    the parameters this device updates (its shard: P / (DP x CP) under ZeRO 1-3, P under ZeRO-0),
+    at the device's HBM bandwidth; a memory-bound elementwise update. 0 under the chapters' model
+    (``memory_model="book"``), which leaves it out, or on a cluster without an HBM bandwidth."""
+    if rules.memory_model == "book" or not cluster.hbm_bytes_per_s:
+        return 0.0
+    share = _busiest_layers(model, layout, rules) / model.layers
+    params = model.dense_params * share / layout.tp / (layout.dp * layout.cp if layout.zero >= 1 else 1)
+    if model.experts:
+        params += model.expert_params * share / (layout.tp * layout.ep) / (
+            max(1, layout.dp * layout.cp // layout.ep) if layout.zero >= 1 else 1)
+    return ADAMW_BYTES_PER_PARAM * params / cluster.hbm_bytes_per_s

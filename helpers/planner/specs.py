@@ -146,13 +146,14 @@ class Cluster:
     alpha_inter: float = 15e-6
     efficiency: float = 0.5
     reserve_bytes: float = 0.0
+    hbm_bytes_per_s: float = 0.0  # 0: unknown (the optimizer step's time is then not modelled)
 
     def __post_init__(self):
         integer_at_least(self.n_devices, "n_devices")
         integer_at_least(self.devices_per_node, "devices_per_node")
         for f in ("memory_bytes", "peak_flops", "intra_bw", "inter_bw"):
             positive_number(getattr(self, f), f)
-        for f in ("alpha_intra", "alpha_inter", "reserve_bytes"):
+        for f in ("alpha_intra", "alpha_inter", "reserve_bytes", "hbm_bytes_per_s"):
             positive_number(getattr(self, f), f, allow_zero=True)
         if not 0 < self.efficiency <= 1:
             raise ValueError(f"efficiency must be in (0, 1], got {self.efficiency!r}")
@@ -179,7 +180,7 @@ def _cluster(device: str, link: str, n_devices: int, name: str, overrides: dict)
     kw = dict(name=name, n_devices=n_devices, devices_per_node=d["devices_per_node"],
               memory_bytes=d["memory_bytes"], peak_flops=d["bf16_dense_flops"], intra_bw=d["nvlink_bytes_per_s"],
               inter_bw=net["bytes_per_s"], alpha_intra=mod["alpha_intra_s"], alpha_inter=mod["alpha_inter_s"],
-              efficiency=mod["efficiency"], reserve_bytes=mod["reserve_bytes"])
+              efficiency=mod["efficiency"], reserve_bytes=mod["reserve_bytes"], hbm_bytes_per_s=d["hbm_bytes_per_s"])
     kw.update(overrides)
     return Cluster(**kw)
 
