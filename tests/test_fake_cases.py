@@ -105,3 +105,15 @@ def test_optimizer_step_is_adamws_traffic_as_the_trace_counts_it():
     shard = WIDE.total_params / 4
     assert optimizer_step_s(WIDE, cluster, Layout(dp=4, zero=2), TORCH) == pytest.approx(ADAMW_BYTES_PER_PARAM * shard / hbm)
     assert optimizer_step_s(WIDE, cluster, Layout(dp=4, zero=2), Rules()) == 0.0  # the chapters' model leaves it out
+
+
+def test_memory_rows_end_with_the_caching_allocators_reserve_beside_the_planners_total():
+    case = fake_cases.Case("t", "wide", WIDE, Layout(dp=4, zero=1), h100_cluster(4), 16, Rules(dropout=False),
+                           {"micro_batches": 4, "timing": False})
+    step = case.simulate()
+    rows = {q: (a, b, f) for q, a, b, f in fake_cases.memory_rows(case, step)}
+    q, book, torch_, fake = fake_cases.memory_rows(case, step)[-1]
+    assert q.startswith("reserved") and fake == step.peak_reserved
+    assert step.peak_reserved >= rows["peak per device"][2] > 0  # the allocator holds at least what is allocated
+    assert torch_ == case.planner(**fake_cases.PYTORCH)["total"] and book == case.planner()["total"]
+    assert torch_ - rows["peak per device"][1] == case.cluster.reserve_bytes

@@ -102,7 +102,10 @@ def cases() -> dict:
 
 def memory_rows(case: Case, step) -> list:
     """Per-device memory, planner beside PyTorch (``step``: the case's FakeStep), in bytes:
-    (quantity, planner with the chapters' formula, planner told PyTorch's recipe, fake world)."""
+    (quantity, planner with the chapters' formula, planner told PyTorch's recipe, fake world).
+    The last row is what a GPU must have: PyTorch's caching allocator's peak reserve
+    (``FakeStep.peak_reserved``, :mod:`helpers.fake_world.allocator`) beside the planner's total
+    with its fixed allowance for the allocator and NCCL (``Cluster.reserve_bytes``)."""
     book, torch_ = case.planner(), case.planner(**PYTORCH)
     state = lambda m: m["weights"] + m["gradients"] + m["optimizer"]
     f = step.memory
@@ -112,6 +115,7 @@ def memory_rows(case: Case, step) -> list:
         ("activations", book["activations"], torch_["activations"], f["activations"]),
         ("temporaries (not modelled)", 0.0, 0.0, f["temporaries"] + f["other"]),
         ("peak per device", book["total"] - book["reserve"], torch_["total"] - torch_["reserve"], f["total"]),
+        ("reserved (planner: + its fixed reserve)", book["total"], torch_["total"], step.peak_reserved),
     ]
 
 
