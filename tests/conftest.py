@@ -39,7 +39,6 @@ LONGEST_FIRST = (  # measured with benchmarks/suite_timeline.py (WORKBOOK_TEST_T
     "notebooks/c12_parallelism_strategies/c12_3_1_sequence_parallel.ipynb",
     "notebooks/c12_parallelism_strategies/c12_4_1_choosing_a_mix.ipynb",
     "notebooks/c12_parallelism_strategies/c12_1_2_zero_fsdp.ipynb",
-    "notebooks/c12_parallelism_strategies/c12_4_2_case_studies.ipynb",
     "notebooks/p_parallel_processing/p13_scaling_experiment.ipynb",  # 73 s, started last on 2026-12-02
     "tests/test_fake_world.py",
     "notebooks/c12_parallelism_strategies/c12_2_1_tensor_parallel.ipynb",
