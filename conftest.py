@@ -17,11 +17,12 @@
   arithmetic cell failed "Notebook cell execution failed" once in four full runs (2026-12-02) and
   passed alone every time. :data:`NBVAL_OUTPUT_TIMEOUT` raises the allowance; the cell's own limit
   (``--nbval-cell-timeout``) is unchanged.
-* **Each notebook executed once.** The two slowest notebooks (:data:`CHECKED_UNDER_AUTOGRADE`) are
-  executed by nbgrader's autograde in ``tests/test_nbgrader_slowest.py``, which then checks what nbval
-  would (no error output; every ``NBVAL_CHECK_OUTPUT`` cell's outputs equal to the stored ones, with
-  nbval's own comparison). When that test file is collected, nbval does not run them a second time
-  (about 90 worker-seconds of the suite, 2026-12-02); named on the command line, nbval runs them.
+* **Each notebook executed once.** Three notebooks (:data:`CHECKED_UNDER_AUTOGRADE`: 12.4.2 and P.14,
+  the slowest, and P.6, the course test's) are executed from their instructor editions by nbgrader's
+  autograde in the nbgrader tests, which then check what nbval would (no error output; every
+  ``NBVAL_CHECK_OUTPUT`` cell's outputs equal to the stored ones, with nbval's own comparison:
+  ``tests/nbval_outputs.py``). When that test file is collected, nbval does not run them a second
+  time (about 110 worker-seconds of the suite, 2026-12-02); named on the command line, nbval runs them.
 * ``WORKBOOK_TEST_TIMELINE=FILE`` appends one JSON line per test (worker, id, start, end, in
   seconds since the epoch) for profiling the suite's schedule; ``benchmarks/suite_timeline.py``
   reads it.
@@ -43,9 +44,11 @@ SKIP_PARTS = {".venv", "__pycache__", ".git"}
 _TIMELINE = os.environ.get("WORKBOOK_TEST_TIMELINE")
 NBVAL_OUTPUT_TIMEOUT = 60.0  # seconds nbval waits for each IOPub message once a cell has replied
 # checked on nbgrader's autograded copy instead of by nbval (docstring; tests/test_nbgrader_slowest.py)
-CHECKED_UNDER_AUTOGRADE = ("notebooks/c12_parallelism_strategies/c12_4_2_case_studies.ipynb",
-                           "notebooks/p_parallel_processing/p14_failure_modes.ipynb")
-AUTOGRADE_TEST = "tests/test_nbgrader_slowest.py"
+CHECKED_UNDER_AUTOGRADE = {  # notebook: the test file that autogrades its instructor edition
+    "notebooks/c12_parallelism_strategies/c12_4_2_case_studies.ipynb": "tests/test_nbgrader_slowest.py",
+    "notebooks/p_parallel_processing/p14_failure_modes.ipynb": "tests/test_nbgrader_slowest.py",
+    "notebooks/p_parallel_processing/p06_data_parallelism.ipynb": "tests/test_nbgrader_course.py",
+}
 _starts: dict[str, float] = {}
 _xdist_controller = False
 
@@ -118,8 +121,9 @@ def pytest_ignore_collect(collection_path, config):
     """nbval skips :data:`CHECKED_UNDER_AUTOGRADE` when the autograde test that checks them runs
     (a notebook named on the command line is collected all the same: pytest asks this hook only
     of the files it finds in folders)."""
-    rel = Path(collection_path).resolve()
-    if any(rel == ROOT / nb for nb in CHECKED_UNDER_AUTOGRADE) and _collects(config, ROOT / AUTOGRADE_TEST):
+    path = Path(collection_path).resolve()
+    test = next((t for nb, t in CHECKED_UNDER_AUTOGRADE.items() if path == ROOT / nb), None)
+    if test is not None and _collects(config, ROOT / test):
         return True
     return None
 

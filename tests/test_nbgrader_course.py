@@ -5,7 +5,8 @@ an unanswered copy zero, and a mixed one exactly the exercises it got right, alt
 replaced the locked check cells of the exercises it got wrong or left blank by ``pass`` (had
 nbgrader run the edited cells, those would have scored): editing a locked cell gains nothing.
 Three submissions, each a full execution of P.6 (the fourth, a separate tamperer, repeated what
-the mixed one shows).
+the mixed one shows); the complete one is also the suite's one run of P.6, whose stored outputs it
+must show (nbval does not run P.6 again: the root conftest.py).
 """
 import os
 import shutil
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from nbval_outputs import assert_outputs_as_stored, checked_under_autograde
 
 from helpers import student
 
@@ -83,8 +85,9 @@ def graded(tmp_path_factory):
         for who in STUDENTS:
             (nb,) = gb.find_submission(ASSIGNMENT, who).notebooks
             scores[who] = {g.name: (g.auto_score, g.max_score) for g in nb.grades}
-    blank = nbformat.read(course / "autograded" / "blank" / ASSIGNMENT / SOURCE.name, as_version=4)
-    return {"released": released, "scores": scores, "feedback": feedback, "blank": blank}
+    blank, complete = (nbformat.read(course / "autograded" / who / ASSIGNMENT / SOURCE.name, as_version=4)
+                       for who in ("blank", "complete"))
+    return {"released": released, "scores": scores, "feedback": feedback, "blank": blank, "complete": complete}
 
 
 def test_generate_assignment_releases_what_our_student_build_writes(graded):
@@ -134,3 +137,16 @@ def test_an_untouched_edition_runs_to_the_end_and_every_check_says_not_answered(
         assert o.ename == "NotAnswered" and "not answered yet" in o.evalue, (o.ename, o.evalue)
         assert o.traceback == [f"{o.ename}: {o.evalue}"], o.traceback
     assert all(c.execution_count is not None for c in nb.cells if c.cell_type == "code")
+
+
+def test_nbval_leaves_p6_to_this_file():
+    assert checked_under_autograde(Path(__file__)) == [SOURCE.relative_to(ROOT).as_posix()]
+
+
+def test_the_instructor_edition_autograded_shows_the_stored_outputs(graded):
+    # what nbval would check of P.6, which it does not run again in the suite (the root conftest.py)
+    nb = graded["complete"]
+    errors = [(i, o.ename, o.evalue) for i, c in enumerate(nb.cells) if c.cell_type == "code" for o in c.outputs
+              if o.output_type == "error"]
+    assert not errors, errors
+    assert_outputs_as_stored(SOURCE, nb)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from nbval_outputs import NbvalComparison, assert_outputs_as_stored, checked_under_autograde
 from test_nbgrader_course import _nbgrader  # the same nbgrader invocation as the course test
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,82 +78,22 @@ def test_the_slowest_notebooks_get_full_marks_within_the_configured_time(autogra
           f"per-cell limit {limit:g} s")
 
 
-class _NbvalComparison:
-    """nbval's own comparison of a cell's outputs (``IPyNbCell.compare_outputs``, with the skips of
-    its ``IPyNbFile``: metadata, execution counts, images, widget model ids), for a cell that
-    another executor ran: nbval does not run :data:`conftest.CHECKED_UNDER_AUTOGRADE` a second time
-    in the suite (the root conftest.py)."""
-
-    from nbval.plugin import IPyNbCell as _cell
-
-    compare_outputs, sanitize = _cell.compare_outputs, _cell.sanitize
-    SKIP = ("metadata", "traceback", "prompt_number", "output_type", "name", "execution_count",
-            "application/vnd.jupyter.widget-view+json", "image/png", "image/jpeg")
-
-    def __init__(self):
-        from types import SimpleNamespace
-
-        from nbval.plugin import nocolors
-
-        self.parent, self.colors = SimpleNamespace(skip_compare=self.SKIP, sanitize_patterns={}), nocolors
-        self.comparison_traceback = []
-
-    def format_output_compare(self, key, left, right):
-        self.comparison_traceback.append(f"{key}: stored {left[-400:]!r}\n  autograded {right[-400:]!r}")
-
-
-def nbval_check_cells(nb) -> list[int]:
-    """Indices of the code cells nbval --nbval-lax compares (``# NBVAL_CHECK_OUTPUT`` or its tag),
-    with nbval's own marker parsing; a marker this check does not apply is refused."""
-    from nbval.plugin import find_comment_markers, find_metadata_tags
-
-    out = []
-    for i, cell in enumerate(nb.cells):
-        if cell.cell_type != "code":
-            continue
-        options = dict(find_metadata_tags(cell.metadata))
-        options.update(dict(find_comment_markers(cell.source)))
-        unknown = set(options) - {"check"}
-        assert not unknown, f"cell {i}: nbval option(s) {unknown} are not applied to autograded copies"
-        if options.get("check"):
-            out.append(i)
-    return out
-
-
 def test_nbval_skips_the_notebooks_this_file_checks():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("workbook_root_conftest", ROOT / "conftest.py")
-    conftest = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(conftest)
-    assert sorted(str(p.relative_to(ROOT)) for p in SLOWEST.values()) == sorted(conftest.CHECKED_UNDER_AUTOGRADE)
-    assert Path(conftest.AUTOGRADE_TEST).name == Path(__file__).name
+    assert sorted(str(p.relative_to(ROOT)) for p in SLOWEST.values()) == checked_under_autograde(Path(__file__))
 
 
 def test_the_comparison_is_nbvals_and_can_fail():
     stored = [nbformat.v4.new_output("stream", name="stdout", text="fits: 61.3 GB\n")]
-    cmp = _NbvalComparison()
+    cmp = NbvalComparison()
     assert cmp.compare_outputs([nbformat.v4.new_output("stream", name="stdout", text="fits: 61.3 GB\n")], stored)
-    cmp = _NbvalComparison()
+    cmp = NbvalComparison()
     assert not cmp.compare_outputs([nbformat.v4.new_output("stream", name="stdout", text="fits: 61.4 GB\n")], stored)
     assert "61.4" in "".join(cmp.comparison_traceback)
-    cmp = _NbvalComparison()  # an output the stored cell does not have
+    cmp = NbvalComparison()  # an output the stored cell does not have
     assert not cmp.compare_outputs(stored + [nbformat.v4.new_output("display_data", data={"text/plain": "x"})], stored)
 
 
 @pytest.mark.parametrize("name", list(SLOWEST))
 def test_the_autograded_outputs_are_the_stored_outputs(autograded, name):
-    """What nbval checks of these notebooks, on the copy autograde executed: same code cells, and
-    every NBVAL_CHECK_OUTPUT cell's outputs equal to the stored ones (errors: the test above)."""
-    stored, graded = nbformat.read(SLOWEST[name], as_version=4), autograded["results"][name]["nb"]
-    code = lambda nb: [c.source for c in nb.cells if c.cell_type == "code"]
-    assert code(graded) == code(stored), f"{name}: autograde ran other cells than the notebook's"
-    checked = nbval_check_cells(stored)
-    assert checked, f"{name}: no NBVAL_CHECK_OUTPUT cell"
-    by_source = {c.source: c for c in graded.cells if c.cell_type == "code"}
-    bad = []
-    for i in checked:
-        cmp = _NbvalComparison()
-        if not cmp.compare_outputs(by_source[stored.cells[i].source].outputs, stored.cells[i].outputs):
-            bad.append(f"cell {i}:\n  " + "\n  ".join(cmp.comparison_traceback))
-    assert not bad, f"{name}: outputs differ from the stored ones:\n" + "\n".join(bad)
+    """What nbval checks of these notebooks, on the copy autograde executed (errors: the test above)."""
+    assert_outputs_as_stored(SLOWEST[name], autograded["results"][name]["nb"])
