@@ -9,12 +9,13 @@ to the stored ones under nbval's own comparison (``IPyNbCell.compare_outputs``, 
 """
 from __future__ import annotations
 
+import copy
 import importlib.util
 from pathlib import Path
 from types import SimpleNamespace
 
 import nbformat
-from nbval.plugin import IPyNbCell, find_comment_markers, find_metadata_tags, nocolors
+from nbval.plugin import IPyNbCell, coalesce_streams, find_comment_markers, find_metadata_tags, nocolors
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,6 +31,12 @@ class NbvalComparison:
     def __init__(self):
         self.parent, self.colors = SimpleNamespace(skip_compare=self.SKIP, sanitize_patterns={}), nocolors
         self.comparison_traceback = []
+
+    def same(self, executed, stored) -> bool:
+        """What nbval's ``IPyNbCell.runtest`` does with a cell's outputs: each side's streams merged by
+        name (``coalesce_streams``: a kernel flushes a long print in several messages), then compared."""
+        return self.compare_outputs(coalesce_streams(copy.deepcopy(list(executed))),
+                                    coalesce_streams(copy.deepcopy(list(stored))))
 
     def format_output_compare(self, key, left, right):
         self.comparison_traceback.append(f"{key}: stored {str(left)[-400:]!r}\n  executed {str(right)[-400:]!r}")
@@ -64,7 +71,7 @@ def assert_outputs_as_stored(path: Path, executed) -> None:
     bad = []
     for i in checked:
         cmp = NbvalComparison()
-        if not cmp.compare_outputs(ran[index[i]].outputs, stored.cells[i].outputs):
+        if not cmp.same(ran[index[i]].outputs, stored.cells[i].outputs):
             bad.append(f"cell {i}:\n  " + "\n  ".join(cmp.comparison_traceback))
     assert not bad, f"{path.name}: outputs differ from the stored ones:\n" + "\n".join(bad)
 
