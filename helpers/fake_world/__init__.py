@@ -35,11 +35,18 @@ applied (values are meaningless here anyway).
 **Tracing cost, and what is extrapolated** (a trace costs about 0.1-0.3 s per layer forward or
 backward per micro-batch here, whatever the layer's size). Identical layers give identical
 per-layer figures, so ``trace_layers=k`` (k >= 2: FSDP holds two layers' weights at once, one
-prefetched) traces the stage with k, k + 1 and k + 2 layers, checks that the peak of each phase
-(forward, backward, optimizer step) lies on a line in every category (else it moves the window up:
-the peak may still be moving from one point of the step to another) and extrapolates every figure
-(each phase's peak by category, every collective's count and bytes, FLOPs) linearly to the
-stage's real layer count; the step's peak is the largest phase's. Of a long run of steady 1F1B
+prefetched) traces the stage with k, k + 1 and k + 2 layers, checks that the peak of each part of
+each phase lies on a line in every category (else it moves the window up: the peak may still be
+moving from one point of the step to another) and extrapolates every figure (each part's peak by
+category, every collective's count and bytes, FLOPs) linearly to the stage's real layer count; the
+step's peak is the largest part's. A part is a stretch of a phase (forward, backward, optimizer
+step) before, inside or after the stage's blocks: a phase's peak can move from one part to another
+as layers are added (the embedding's FP32 gradient at the end of a short stage's backward, the
+logits' gradient and every layer's activations at its start, which grow faster), and each part's
+own peak stays on its line where the phase's does not (12.4.1's 70B under ZeRO-1: the backward's
+peak on a line at 2, 3 and 4 layers put 80 layers at 83.90 GB, the parts 84.03 GB; the same
+model cut to 10 layers and traced whole holds 16.17 GB, the phase's line said 16.04 and the parts'
+say 16.17; ``tests/test_fake_world.py`` checks a small case against a full trace). Of a long run of steady 1F1B
 iterations (or of gradient-accumulation micro-batches without a pipeline) three are traced; the
 others repeat the second one's communication and FLOPs. The 1F1B warm-up (stage s of PP holds
 PP - s micro-batches at the peak) is traced whole: extrapolating it from shorter warm-ups was exact
@@ -330,7 +337,7 @@ def _one_trace(model, layout, stages, plan, n_layers, warm, options, meshes, tim
         flops += (b[3] - a[3]) * extra
         if timing:
             trace = timing_.repeat_steady(trace, warm + 1, warm + 2, extra)
-    return {"memory": r["peak"], "phases": r["phases"], "held": r["held"], "comm": comm_rows(ops), "flops": flops,
+    return {"memory": r["peak"], "phases": r["part_phases"], "held": r["held"], "comm": comm_rows(ops), "flops": flops,
             "coords": r["coords"], "timing": trace, "reserve": r["reserve"]}
 
 
@@ -373,8 +380,8 @@ def _reserve_at(peak: int, traced: list, segments: int) -> dict:
 
 
 def _collinear(a, b, c) -> bool:
-    """Whether three traces' peaks lie on a line: each phase's (forward, backward, optimizer) peak,
-    every category."""
+    """Whether three traces' peaks lie on a line: each part's (forward, backward, optimizer step,
+    each before, inside and after the stage's blocks) peak, every category."""
     return all(b[ph][x] - a[ph][x] == c[ph][x] - b[ph][x] for ph in a for x in a[ph])
 
 
@@ -385,8 +392,9 @@ def _run_plan(model, layout, stages, plan, options, timing=True, progress=None):
     iterations not traced are added by :func:`_one_trace`.
 
     An extrapolation is used only where the peak has stopped moving: three layer counts k, k+1,
-    k+2 are traced and each phase's peak (forward, backward, optimizer step) must lie on a line in
-    every category; if not, the window moves up one layer (up to 3 times). With a line,
+    k+2 are traced and the peak of each part of each phase (forward, backward, optimizer step;
+    before, inside and after the blocks) must lie on a line in every category; if not, the window
+    moves up one layer (up to 3 times). With a line,
     ``per_layer`` is what one more layer adds to each memory category at the peak. ``options``:
     :func:`helpers.fake_world.step.measured_step`'s (dropout, reduce_dtype, reshard_after_forward)."""
     from .step import make_mesh
@@ -434,7 +442,7 @@ def _run_plan(model, layout, stages, plan, options, timing=True, progress=None):
 
     def at(n):
         out = in_layers(warms[0], n)
-        # the step's peak: the largest of its phases' peaks, each extrapolated on its own line
+        # the step's peak: the largest of its parts' peaks, each extrapolated on its own line
         out["memory"] = max(out["phases"].values(), key=lambda snap: snap["total"])
         if len(counts) == 2:  # what the allocator adds to the extrapolated peak (_reserve_at)
             seg = _line(*(run(c, warms[0])["reserve"]["segments"] for c in counts), counts[0], n)

@@ -439,7 +439,18 @@ def memtracker_class():
             for g in grads:
                 self._update_and_maybe_create_winfos(g, MemRefType.GRAD)
 
+        # (first block, last block, callback(part)): where a forward or backward enters and leaves
+        # the stage's blocks, set by _measure (its parts of a phase: "head", "layers", "tail")
+        block_bounds = None
+
+        def _enter_part(self, module, part, first_or_last):
+            b = self.block_bounds
+            if b is not None and module is b[first_or_last]:
+                b[2](part)
+
         def _pre_fw_hook(self, module, inputs):
+            if not self._mod_tracker.is_bw:  # (in backward: a checkpointed block recomputed)
+                self._enter_part(module, "layers", 0)
             # a new micro-batch through the stage (the root): start its module stats afresh
             # (MemTracker refuses a second top-level call of a module; the peak is kept)
             if module in self.memory_tracking and not self._mod_tracker.is_bw:
@@ -449,9 +460,19 @@ def memtracker_class():
             self._stale = True  # a module joined the active parents
             super()._pre_fw_hook(module, inputs)
 
+        def _post_fw_hook(self, module, inputs, outputs):
+            super()._post_fw_hook(module, inputs, outputs)
+            if not self._mod_tracker.is_bw:
+                self._enter_part(module, "tail", 1)
+
         def _pre_bw_hook(self, module, args):
+            self._enter_part(module, "layers", 1)  # backward enters the blocks at the last one
             self._stale = True  # a module joined the active parents
             super()._pre_bw_hook(module, args)
+
+        def _post_bw_hook(self, module, args):
+            super()._post_bw_hook(module, args)
+            self._enter_part(module, "tail", 0)
 
         def reset_mod_stats(self):
             self._by_fqn = None
@@ -748,7 +769,10 @@ def measured_step(model, layout, stages, m: int, *, fake: bool, dropout: bool = 
                   loss_dtype: str = "float32", optimizer: str = "for-loop", sac_log: list | None = None) -> dict:
     """Build this rank's stage, then run and measure one step: peak bytes by category (MemTracker),
     the model state held after the step, every collective (:class:`helpers.launcher.commlog.CommLog`),
-    FLOPs (FlopCounterMode) and, with ``boundaries``, the counters at each micro-batch boundary.
+    FLOPs (FlopCounterMode) and, with ``boundaries``, the counters at each micro-batch boundary;
+    ``phases``: the peak of each phase (forward, backward, optimizer...), ``part_phases``: of each
+    part of a phase (``"backward head"``, ``"backward layers"``, ``"backward tail"``: before, in
+    and after the stage's blocks), which :mod:`helpers.fake_world` extrapolates.
     ``op_log`` (a :class:`helpers.fake_world.timing.OpLog`): records every op's shapes, FLOPs and
     bytes, by phase of the schedule; ``loss_dtype``, ``optimizer``, ``sac_log``: the recipe
     (:mod:`helpers.fake_world.recipes`). Runs in the current process group, fake or real."""
@@ -778,23 +802,33 @@ def _measure(model, layout, parts, m, *, init, boundaries, t0, warm, op_log=None
     tracker.track_external(parts.stage, parts.opt)
     flops = flop_counter()
     flops.op_log = op_log
-    marks, phases, current = [], {}, ["start"]
+    marks, phases, part_phases, current = [], {}, {}, ["start", "head"]
 
     def close_phase():
         """Keep the peak of the stretch since the last boundary under its kind (forward, backward,
-        optimizer), and start a new stretch: each kind's peak grows linearly with the layers and
-        the micro-batches in flight, and the step's peak is the largest of them. The gradients
-        made in the stretch are filed first (their bytes in the peak too)."""
+        optimizer) and under its part of that kind (``"forward layers"``...: before the stage's
+        blocks, in them, after them), and start a new stretch: each part's peak grows linearly with
+        the layers and the micro-batches in flight, and the step's peak is the largest of them
+        (a kind's peak can move from one part to another as layers are added: the loss's logits
+        at the start of a short stage's backward, the embedding's gradient at its end). The
+        gradients made in the stretch are filed first (their bytes in the peak too)."""
         tracker.file_gradients(parts.stage)
         snap = _categories(tracker.get_tracker_snapshot("peak"))
-        kind = current[0]
-        if kind not in phases or snap["total"] > phases[kind]["total"]:
-            phases[kind] = snap
+        for key, store in ((current[0], phases), (" ".join(current), part_phases)):
+            if key not in store or snap["total"] > store[key]["total"]:
+                store[key] = snap
         tracker.restart_peak()
+
+    def enter_part(part):
+        close_phase()
+        current[1] = part
+
+    blocks = list(parts.stage.layers.values())
+    tracker.block_bounds = (blocks[0], blocks[-1], enter_part) if blocks else None
 
     def mark(kind, i):
         close_phase()
-        current[0] = {"F": "forward", "B": "backward", "opt": "optimizer", "end": "end"}[kind]
+        current[:] = [{"F": "forward", "B": "backward", "opt": "optimizer", "end": "end"}[kind], "head"]
         if op_log is not None:
             op_log.start(kind, i, len(log.ops))
         if boundaries:
@@ -813,7 +847,7 @@ def _measure(model, layout, parts, m, *, init, boundaries, t0, warm, op_log=None
     axes, fsdp_axis = _axes(parts), parts.dp_mesh.mesh_dim_names[0]
     ops = [(o.op, o.bytes, o.group_size, fsdp_axis if i in tracker.fsdp_ops else axes.get(o.group, "?"))
            for i, o in enumerate(log.ops)]
-    return {"peak": peak, "phases": phases, "held": held, "reserve": reserve, "ops": ops, "op_log": op_log,
+    return {"peak": peak, "phases": phases, "part_phases": part_phases, "held": held, "reserve": reserve, "ops": ops, "op_log": op_log,
             "flops": flops.get_total_flops(), "marks": marks, "layers": len(parts.layer_ids),
             "coords": parts.coords, "wall_s": time.perf_counter() - t0}
 
