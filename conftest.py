@@ -23,6 +23,11 @@
   ``NBVAL_CHECK_OUTPUT`` cell's outputs equal to the stored ones, with nbval's own comparison:
   ``tests/nbval_outputs.py``). When that test file is collected, nbval does not run them a second
   time (about 110 worker-seconds of the suite, 2026-12-02); named on the command line, nbval runs them.
+* **Each fake-world configuration traced once.** ``WORKBOOK_FAKE_WORLD_MEMO`` names a temporary
+  folder for the run (removed at its end), which every worker and kernel inherits:
+  :mod:`helpers.fake_world.memo` answers a ``simulate`` call made before in the run from there
+  (12.4.1's chapter cases are traced by nbval's kernel and the browser test's, 12.1.1's by nbval's
+  and the student edition's).
 * ``WORKBOOK_TEST_TIMELINE=FILE`` appends one JSON line per test (worker, id, start, end, in
   seconds since the epoch) for profiling the suite's schedule; ``benchmarks/suite_timeline.py``
   reads it.
@@ -105,6 +110,10 @@ def pytest_configure(config):
         if "WORKBOOK_TRACES" not in os.environ:
             config._traces_dir = tempfile.mkdtemp(prefix="workbook-traces-")
             os.environ["WORKBOOK_TRACES"] = config._traces_dir  # xdist's workers inherit it
+        # each fake-world configuration traced once in the run, whichever process asks first
+        if "WORKBOOK_FAKE_WORLD_MEMO" not in os.environ:
+            config._memo_dir = tempfile.mkdtemp(prefix="workbook-fake-world-")
+            os.environ["WORKBOOK_FAKE_WORLD_MEMO"] = config._memo_dir
 
 
 def _collects(config, target: Path) -> bool:
@@ -156,9 +165,9 @@ def pytest_sessionfinish(session, exitstatus):
     config = session.config
     if not _is_controller(config):
         return
-    folder = getattr(config, "_traces_dir", None)
-    if folder:
-        shutil.rmtree(folder, ignore_errors=True)
+    for folder in (getattr(config, "_traces_dir", None), getattr(config, "_memo_dir", None)):
+        if folder:
+            shutil.rmtree(folder, ignore_errors=True)
     before = getattr(config, "_checkout_before", None)
     if before is None:
         return

@@ -75,6 +75,7 @@ from .. import torch_private, validate
 from ..launcher.commlog import ring_bytes_sent
 from ..planner import Layout, Model
 from ..torch_private import PINNED_TORCH  # noqa: F401 (helpers.fake_world.PINNED_TORCH, as before)
+from . import memo
 from . import progress as progress_
 from . import timing as timing_
 
@@ -496,7 +497,8 @@ def simulate(model: Model, layout: Layout, *, rank: int = 0, world_size: int | N
     :func:`step_time` (``FakeStep.timing``; None without); ``progress``: None, or a callable given a
     line at each micro-batch, direction and (every 0.2 s at most) layer of each trace
     (:mod:`helpers.fake_world.progress`: e.g. :func:`helpers.plots.progress`, which shows it under
-    the controls that asked).
+    the controls that asked). Under the test suite (``WORKBOOK_FAKE_WORLD_MEMO``) a call without
+    ``progress`` made before in the same run is answered from :mod:`helpers.fake_world.memo`.
     """
     from .step import check_reshard
 
@@ -527,6 +529,13 @@ def simulate(model: Model, layout: Layout, *, rank: int = 0, world_size: int | N
             + ("pass trace_layers=2 (identical layers give identical per-layer figures: 2, 3 and 4 layers are traced "
                f"and scaled exactly to the stage's {plan.layers}), or " if trace_layers is None else "")
             + "raise max_layer_passes")
+    memo_key = None
+    if memo.folder() is not None:  # the suite's: each configuration traced once per run (helpers.fake_world.memo)
+        memo_key = memo.key(model, layout, rank, world, m, stages, trace_layers, dropout, extrapolate, reduce_dtype,
+                            reshard_after_forward, checkpoint_every, loss_dtype, optimizer, timing)
+        kept = memo.load(memo_key) if progress is None else None
+        if kept is not None:
+            return kept
     t0 = time.perf_counter()
     with fake_world(world, rank):
         res = _run_plan(model, layout, stages, plan, {"dropout": dropout, "reduce_dtype": reduce_dtype,
@@ -545,12 +554,15 @@ def simulate(model: Model, layout: Layout, *, rank: int = 0, world_size: int | N
     if plan.steady < m - _warm(layout, plan.stage, m):
         notes.append(f"traced {plan.steady} of {m - _warm(layout, plan.stage, m)} steady 1F1B iterations; the others "
                      f"added from a measured one")
-    return FakeStep(model=model.name, layout=layout.label(), world_size=world, rank=rank, coords=res["coords"],
+    step = FakeStep(model=model.name, layout=layout.label(), world_size=world, rank=rank, coords=res["coords"],
                     stage_layers=plan.layers, layers_traced=res["layer_counts"], micro_batches=m,
                     micro_batches_traced=max(mts), memory=res["memory"], held=res["held"], comm=res["comm"],
                     flops=res["flops"], wall_s=time.perf_counter() - t0, notes=notes, per_layer=res["per_layer"],
                     per_layer_comm=res["per_layer_comm"], timing=res["timing"], model_spec=model, layout_spec=layout,
                     peak_reserved=res["reserve"]["peak_reserved"], reserve=res["reserve"])
+    if memo_key is not None:
+        memo.store(memo_key, step)
+    return step
 
 
 def step_time(step: FakeStep, device: str = "h100_sxm", **options):
