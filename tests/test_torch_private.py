@@ -113,6 +113,30 @@ def test_restart_peak_starts_from_what_is_held():
         assert t.get_tracker_snapshot("peak") == t.get_tracker_snapshot("current")
 
 
+@pytest.mark.parametrize("implementation", ["for-loop", "foreach", "fused"])
+def test_adam_init_state_makes_what_a_first_step_makes(implementation):
+    """The fake world's optimizer state without the first step's arithmetic: every parameter gets the
+    same state entries, each of the same type, shape, strides, dtype and device, as after a real
+    first step of the same AdamW (only the values differ: ``step`` is 0, the moments zeros)."""
+    from helpers.fake_world.recipes import make_optimizer
+
+    def made(first_step: bool):
+        torch.manual_seed(0)
+        params = [torch.nn.Parameter(torch.randn(3, 5)), torch.nn.Parameter(torch.randn(7).t()),
+                  torch.nn.Parameter(torch.randn(4, 6)[:, ::2])]
+        opt = make_optimizer(params, implementation)
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        opt.step() if first_step else tp.adam_init_state(opt)
+        return [{k: (type(v), v.shape, v.stride(), v.dtype, v.device) for k, v in opt.state[p].items()}
+                for p in params], opt
+
+    stepped, _ = made(True)
+    initialised, opt = made(False)
+    assert initialised == stepped and all(set(s) >= {"step", "exp_avg", "exp_avg_sq"} for s in stepped)
+    assert all(float(opt.state[p]["step"]) == 0 for p in opt.param_groups[0]["params"])
+
+
 def test_the_doctor_prints_the_verdict():
     lines, _ = doctor.report()
     assert f"torch private APIs: all {len(tp.API)} present" in lines

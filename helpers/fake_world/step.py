@@ -52,7 +52,13 @@ import torch.distributed as dist
 from ..launcher.commlog import _FUNCTIONAL, CommLog, record_call
 from ..pipeline_parallel import run_schedule
 from ..pipeline_schedule import one_f_one_b
-from ..torch_private import FUNCTIONAL_NAMESPACE, flatten_mesh, restart_peak, swap_propagation_lock
+from ..torch_private import (
+    FUNCTIONAL_NAMESPACE,
+    adam_init_state,
+    flatten_mesh,
+    restart_peak,
+    swap_propagation_lock,
+)
 from .llama_model import Stage, stage_layer_ids, tp_plan
 from .recipes import loss, make_optimizer, op_sac_context_fn
 
@@ -126,8 +132,9 @@ class StageParts:
         """Give the stage's (sharded) parameters storage on the CPU (fake tensors under
         ``FakeTensorMode``), initialise them if ``init`` (real runs), and create the AdamW
         optimizer (``optimizer``: its implementation, :data:`helpers.fake_world.recipes.OPTIMIZERS`)
-        with its moments as a first step would (zero gradients), so the measured step is a
-        steady-state step."""
+        with its moments as a first step would make them (through the optimizer's own state
+        initialisation, which the first step runs: :func:`helpers.torch_private.adam_init_state`),
+        so the measured step is a steady-state step."""
         self.stage.to_empty(device="cpu")
         params = list(self.stage.parameters())
         if init:
@@ -136,9 +143,9 @@ class StageParts:
                     p.normal_(0.0, 0.02)
         self.anchor = torch.zeros((), requires_grad=True)  # see _StageInput
         self.opt = make_optimizer(params, optimizer)
-        for p in params:
+        for p in params:  # the state is made for the parameters that have a gradient
             p.grad = torch.zeros_like(p)
-        self.opt.step()
+        adam_init_state(self.opt)
         self.opt.zero_grad(set_to_none=True)
 
 
