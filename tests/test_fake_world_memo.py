@@ -17,18 +17,31 @@ TINY = Model("tiny", layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, mlp_matr
 LAY = Layout(dp=2, zero=3)
 
 
+def _stand_in(model, layout, stages, plan, options, timing=True, progress=None):
+    """What a trace returns, made up at once from the plan (these tests are about what is traced and
+    what is kept, not about the figures; the first test traces for real)."""
+    zero = {"total": plan.layers, "parameters": plan.micro_batches}
+    return {"coords": {"dp": 0}, "layer_counts": (plan.layers,), "memory": zero, "held": zero, "comm": [],
+            "flops": float(plan.passes), "per_layer": None, "per_layer_comm": None, "timing": None,
+            "reserve": {"peak_reserved": 1}}
+
+
 @pytest.fixture
 def traced(monkeypatch, tmp_path):
-    """The folder, and the list of calls that traced (each then traced for real)."""
+    """The folder, and the list of calls that traced (with a stand-in for the trace unless ``real``)."""
     monkeypatch.setenv(memo.ENV, str(tmp_path / "memo"))
-    calls, real = [], fw._run_plan
+    calls, real_trace = _Calls(), fw._run_plan
 
     def counting(*args, **kwargs):
         calls.append(args[3])  # the TracePlan
-        return real(*args, **kwargs)
+        return (real_trace if calls.real else _stand_in)(*args, **kwargs)
 
     monkeypatch.setattr(fw, "_run_plan", counting)
     return tmp_path / "memo", calls
+
+
+class _Calls(list):
+    real = False  # True: trace for real
 
 
 def _figures(step):
@@ -39,6 +52,7 @@ def _figures(step):
 
 def test_a_call_made_before_is_answered_from_the_folder(traced):
     where, calls = traced
+    calls.real = True  # a real FakeStep, kept and read back whole
     first = fw.simulate(TINY, LAY, micro_batches=2, timing=False)
     assert len(calls) == 1 and len(list(where.glob("*.pkl"))) == 1
     again = fw.simulate(TINY, LAY, micro_batches=2, timing=False)
@@ -65,6 +79,7 @@ def test_every_argument_that_changes_the_trace_misses(traced):
 
 def test_a_call_with_progress_always_traces_and_keeps_its_result(traced):
     where, calls = traced
+    calls.real = True  # its progress lines come from the trace
     lines = []
     fw.simulate(TINY, LAY, micro_batches=2, timing=False, progress=lines.append)
     fw.simulate(TINY, LAY, micro_batches=2, timing=False, progress=lines.append)
