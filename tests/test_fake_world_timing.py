@@ -222,13 +222,18 @@ def _run(**over):
 
 def test_published_comparison_on_hand_made_runs():
     runs = [_run(), _run(id="fp8", layout={"precision": "Float8 linears"}), _run(id="h200", layout={"hardware": "H200"}),
-            _run(id="sel", layout={"recompute": "selective-op"}), _run(id="noshape", layout={"other": ""}),
+            _run(id="sel", layout={"recompute": "selective-op"}), _run(id="noshape", layout={"other": "", "model": "other_gpt"}),
             _run(id="il", layout={"pp_schedule": "interleaved 1F1B"}),
             _run(id="il1", layout={"pp_schedule": "interleaved 1F1B, 1 stages per rank"})]
     out = timing.compare_published(runs)
     assert out["n"] == 1 and [c[0] for c in out["cannot"]] == ["fp8", "h200", "sel", "noshape", "il", "il1"]
     why = dict(out["cannot"])
     assert "stages per rank (v) unstated" in why["il"] and "plain 1F1B" in why["il1"]
+    assert "1 byte instead of 2" not in why["fp8"]  # FSDP2's float8 all-gather named, with its effect, where used
+    assert "1 byte instead of 2" in timing.express(_run(layout={"precision": "Float8 linears; FSDP float8 all-gather"}))
+    # a row without the model's shapes takes them from another row of the same model (none here: refused above)
+    borrowed = timing.express(_run(layout={"other": ""}), timing.model_shapes([_run()]))
+    assert (borrowed[0].hidden, borrowed[0].layers, borrowed[0].heads) == (64, 2, 4)
     row = out["rows"][0]
     # the same run by hand: GPT of h 64, 2 layers, 4 heads, 4h MLP on 2 A100s (DDP), 2 micro-batches of 1
     model = Model("g", layers=2, hidden=64, heads=4, ffn=256, seq_len=32, vocab=256)

@@ -14,7 +14,8 @@ GPU cluster, in this one process, and returns what that rank holds, sends and co
   from the planner's :class:`~helpers.planner.Model`) parallelised with ``init_device_mesh``,
   ``parallelize_module`` (+ sequence parallelism), ``fully_shard`` / ``replicate`` (ZeRO 0-3, see
   that module for which API stands for which stage), K/V all-gather context parallelism, a
-  pipeline stage with only its own layers in 1F1B order, BF16 compute with FP32 master state,
+  pipeline stage with only its own layers in 1F1B order (or, with ``Layout(v=v)``, v chunks per
+  rank in Megatron-LM's interleaved 1F1B order: see below), BF16 compute with FP32 master state,
   forward, backward and the AdamW step;
 * measured with ``MemTracker`` (peak bytes by category; every allocation and free it sees is
   replayed through :mod:`helpers.fake_world.allocator`'s model of the CUDA caching allocator, for
@@ -50,6 +51,22 @@ other extrapolations are exact when each phase's peak stays at the same point of
 the tests check them equal to a trace of everything. Extrapolation is used only where it costs less than one trace of everything
 (``extrapolate="always"`` forces it). A configuration that would still trace more than
 ``max_layer_passes`` layer passes is refused, with the way out (``trace_layers``).
+
+**Interleaved 1F1B** (``Layout(pp=p, v=v)``, v >= 2; Narayanan et al. 2021): pipeline rank d holds
+v chunks, virtual stages d, d + p, ..., d + (v - 1) p, of ``model.layers / (p v)`` layers each (or
+``stages=``, p v counts: e.g. ``uneven_stages(layers, p * v)``), the embedding on virtual stage 0,
+the final norm and head on the last; each chunk is its own tree of FSDP units and has its own
+AdamW optimizer, as torchtitan builds its model parts. Activations go from chunk c of rank d to
+chunk c of rank d + 1, and from rank p - 1's chunk c to rank 0's chunk c + 1 (gradients back).
+The order is Megatron-LM's (:func:`helpers.pipeline_schedule.interleaved_steps`: warm-up
+(p - d - 1) 2 + (v - 1) p forwards of one chunk each, all of them when m = p; m a multiple of p),
+its sends and receives batched as Megatron does (:func:`helpers.pipeline_parallel.run_steps`).
+``trace_layers=k`` traces the largest chunk with k, k + 1 and k + 2 layers and every other chunk
+with as many fewer; the warm-up is traced whole, and of the steady iterations (a forward and a
+backward of one chunk each) whole rounds of p v, the period of the order, are extrapolated: 3p
+micro-batches are traced (4p when the warm-up is p v or longer), and the round between the
+first and the last, which holds no first forward and no last backward of a chunk, stands for the
+rounds left out.
 
 **Measurement caveats handled here** (each measured on this machine): ``MemTracker`` counted the
 tensors of DTensor's sharding propagation under an outer ``FakeTensorMode`` (a whole unsharded
@@ -185,7 +202,10 @@ class FakeStep:
     dp_cp) with the group size, calls, payload bytes and ring-model bytes sent; ``flops``: FLOPs of the step on this rank; ``wall_s``: seconds the
     simulation took (every trace together); ``per_layer`` and ``per_layer_comm`` (with
     ``trace_layers``): what one more layer of the stage adds to each memory category at the peak,
-    and to the step's collectives (the rows that change)."""
+    and to the step's collectives (the rows that change). Under interleaved 1F1B
+    ``stage_layers`` counts the layers of all the rank's chunks, and ``per_layer`` is what one
+    more layer in every chunk adds (v layers); ``timing``'s forward and backward phases carry
+    their chunk, ``c``."""
 
     model: str
     layout: str
@@ -524,8 +544,10 @@ def simulate(model: Model, layout: Layout, *, rank: int = 0, world_size: int | N
     """One training step of rank ``rank`` of the ``layout.devices``-rank job, on a fake world.
 
     ``micro_batches`` per step (default: ``global_batch / (DP x micro-batch)`` when a global batch
-    is given, else PP, enough to fill the pipeline); ``stages``: layers per pipeline stage when
-    PP does not divide the layers (e.g. :func:`uneven_stages`); ``trace_layers=k``: trace k, k + 1
+    is given, else PP, enough to fill the pipeline; a multiple of PP under interleaving);
+    ``stages``: layers per pipeline stage when PP does not divide the layers (e.g.
+    :func:`uneven_stages`), per virtual stage (PP x V of them) under interleaved 1F1B
+    (``layout.v > 1``, module docstring); ``trace_layers=k``: trace k, k + 1
     and k + 2 layers of the stage and scale (module docstring); ``dropout``: dropout after attention and
     MLP (GPT, Korthikanti et al.), off for Llama; ``reduce_dtype``: the dtype gradients are reduced
     (and, under ZeRO-1, accumulated) in, FP32 by default as in torchtitan, "bfloat16" as the

@@ -31,7 +31,7 @@ from ..case_studies import llama3_model
 from ..planner import Layout, Model, Rules, h100_cluster
 from . import uneven_stages
 from .cases import Case
-from .timing import stages_per_rank
+from .timing import FLOAT8_ALL_GATHER, stages_per_rank
 
 GIB = 2**30
 
@@ -55,6 +55,7 @@ NOT_TRACED = {
                      "82.4 GiB in torchtitan's own Table 1)",
     "Float8": "Float8 linears (torchao: FP8 copies of weights and activations for the matmuls)",
     "async TP": "async TP (micro-pipelined all-gather + matmul: its own buffers)",
+    "float8 all-gather": "if on, " + FLOAT8_ALL_GATHER,
 }
 RECOMPUTE = {"none": "none", "full": "full", "selective-op": "selective", "selective": "selective"}
 # a source that says "selective" without its kind: traced per op, torchtitan's default selective_ac_option

@@ -3,11 +3,14 @@
 on real gloo ranks).
 
 :func:`build` turns a :class:`helpers.planner.Model` and :class:`~helpers.planner.Layout` into this
-rank's :class:`StageParts`: its pipeline stage (:class:`helpers.fake_world.llama_model.Stage`) parallelised on a
+rank's :class:`StageParts`: its pipeline stage (:class:`helpers.fake_world.llama_model.Stage`; with
+``layout.v > 1`` its v chunks, :class:`Chunk`, for interleaved 1F1B) parallelised on a
 4-D ``DeviceMesh`` (dims ``dp, pp, cp, tp``, outermost first: Llama 3's order, TP innermost), on
 the meta device; :meth:`StageParts.materialize` gives it (fake or real) storage and its AdamW
 optimizer; :func:`run_step` runs one step in 1F1B order (the order of
-:func:`helpers.pipeline_schedule.one_f_one_b`, run by :func:`helpers.pipeline_parallel.run_schedule`);
+:func:`helpers.pipeline_schedule.one_f_one_b`, run by :func:`helpers.pipeline_parallel.run_schedule`;
+interleaved: :func:`helpers.pipeline_schedule.interleaved_steps`, run by
+:func:`helpers.pipeline_parallel.run_steps`);
 :func:`measured_step` does all three and measures the step. Which API stands for which ZeRO
 stage (``Layout.zero``), each with BF16 compute and FP32 master state
 (``MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)``), AdamW:

@@ -559,6 +559,15 @@ LLAMA_SHAPES = {  # Meta's published configurations (model cards / params.json):
     "llama3.1_8b": (32, 4096, 32, 8, 14336), "llama3.1_70b": (80, 8192, 64, 8, 28672),
     "llama3.1_405b": (126, 16384, 128, 8, 53248), "llama3_405b": (126, 16384, 128, 8, 53248)}
 _NOT_EAGER_BF16 = ("float8", "torch.compile", "async tp")
+# FSDP2's float8 all-gather (issue 26): torch 2.13 has the hook (a sharded parameter's tensor subclass may
+# define fsdp_pre_all_gather / fsdp_post_all_gather, torch/distributed/fsdp/_fully_shard/_fsdp_param.py) but
+# no float8 weight type to use it; torchao's WeightWithDynamicFloat8CastTensor is one (a new dependency)
+FLOAT8_ALL_GATHER = ("FSDP2's float8 all-gather of the weights (torchao's float8 weight tensor through FSDP2's "
+                     "fsdp_pre_all_gather hook; torch 2.13 alone has the hook, no float8 weight type): each unit's "
+                     "weights gathered in 1 byte instead of 2, halving the all-gather bytes (ZeRO-3: every forward "
+                     "and backward; ZeRO-1/2: once a step) and the unsharded weight buffers they fill (a unit and its "
+                     "prefetched neighbour), plus one FP32 scale per tensor (an all-reduce of the amax); gradients "
+                     "still reduced in FP32 or BF16, the FP32 master and moments unchanged")
 
 
 def _number(pattern: str, text: str):
@@ -568,10 +577,12 @@ def _number(pattern: str, text: str):
     return int(hit.group(1).replace(",", "")) if hit else None
 
 
-def express(run):
+def express(run, shapes: dict | None = None):
     """A published run (:class:`helpers.published.ThroughputRun`) as what the fake world runs:
     ``(model, layout, simulate options, device, published MFU, which of our figures it is
-    compared with)``, or the reason it cannot be expressed (a str)."""
+    compared with)``, or the reason it cannot be expressed (a str). ``shapes``: model name -> the
+    text of another row of the same model that states its shapes (:func:`model_shapes`), for a row
+    that does not (Korthikanti et al.'s 530B at DP 8 is their Table 3's 530B)."""
     from ..planner import Layout, Model
 
     L = run.layout
@@ -581,7 +592,8 @@ def express(run):
     text = " ".join(x or "" for x in (L.precision, L.other, run.notes)).lower()
     tricks = [t for t in _NOT_EAGER_BF16 if t in text]
     if tricks:
-        return f"uses {', '.join(tricks)}: the trace is eager BF16 PyTorch"
+        why = f"uses {', '.join(tricks)}: the trace is eager BF16 PyTorch"
+        return why + (f"; not traced: {FLOAT8_ALL_GATHER}" if "float8 all-gather" in text else "")
     if L.recompute not in ("none", "full"):
         return f"recompute {L.recompute!r}: the fake world traces none or full"
     v = stages_per_rank(L.pp_schedule)
@@ -603,7 +615,9 @@ def express(run):
                       seq_len=L.seq_len, vocab=128256)
     else:
         text = " ".join(x or "" for x in (L.other, run.notes))
-        h, layers, a = _number(r"hidden ([\d,]+)", text), _number(r"([\d,]+) layers", text), _number(r"([\d,]+) heads", text)
+        if _shapes_of(text) is None and L.model in (shapes or {}):
+            text = shapes[L.model]
+        h, layers, a = _shapes_of(text) or (None, None, None)
         if None in (h, layers, a):
             return f"model {L.model!r}: its shapes (hidden, layers, heads) are not in the row"
         model = Model(L.model, layers=layers, hidden=h, heads=a, ffn=4 * h, seq_len=L.seq_len,
@@ -625,6 +639,23 @@ def express(run):
 
         sim["stages"] = uneven_stages(model.layers, L.pp * v)
     return model, layout, sim, dev, mfu, ours
+
+
+def _shapes_of(text: str):
+    """(hidden, layers, heads) a row's text states, or None."""
+    found = _number(r"hidden ([\d,]+)", text), _number(r"([\d,]+) layers", text), _number(r"([\d,]+) heads", text)
+    return None if None in found else found
+
+
+def model_shapes(runs) -> dict:
+    """Model name -> the text (``other`` and ``notes``) of the first row of that model stating its
+    hidden size, layers and heads, for :func:`express`."""
+    out = {}
+    for run in runs:
+        text = " ".join(x or "" for x in (run.layout.other, run.notes))
+        if _shapes_of(text) is not None:
+            out.setdefault(run.layout.model, text)
+    return out
 
 
 INTERLEAVED_MAX_LAYER_PASSES = 2000  # an interleaved published run's trace: up to about 2 minutes here
@@ -656,8 +687,10 @@ def compare_published(runs, simulate=None) -> dict:
     if simulate is None:
         from . import simulate
     rows, cannot = [], []
+    runs = list(runs)
+    shapes = model_shapes(runs)
     for run in runs:
-        e = express(run)
+        e = express(run, shapes)
         if isinstance(e, str):
             cannot.append((run.id, e))
             continue
