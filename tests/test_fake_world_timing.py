@@ -114,6 +114,15 @@ def test_interleaved_timeline_and_bubble_by_hand():
     f = {(c, i): 1.0 for c in range(2) for i in range(2)}
     b = {k: 2.0 for k in f}
     assert timing.interleaved_time(2, 2, f, b, 0.5) == pytest.approx(18.0)
+    # and against the schedule simulator of P.9 (helpers.pipeline_schedule.simulate: a device's forward f,
+    # backward b, 1/v of them per chunk; comm between devices), with hand-offs that bind at other points
+    from helpers import pipeline_schedule as ps
+
+    for p, v, m, h in ((2, 2, 4, 0.3), (3, 2, 6, 1.7), (4, 3, 8, 0.6), (2, 2, 2, 2.5)):
+        f = {(c, i): 1.0 for c in range(v) for i in range(m)}
+        b = {k: 2.0 for k in f}
+        sim = ps.simulate("interleaved", p, m, v=v, f=v * 1.0, b=v * 2.0, w=0, comm=h)
+        assert timing.interleaved_time(p, v, f, b, h) == pytest.approx(float(sim.makespan), rel=1e-12)
     with pytest.raises(ValueError, match="one forward and one backward time per chunk"):
         timing.interleaved_time(2, 2, f, {(0, 0): 2.0})
 
