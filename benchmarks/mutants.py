@@ -251,7 +251,7 @@ MUTATIONS = [
     # fake world, interleaved: the untraced rounds copy the first steady round (a chunk's first backwards in it)
     M("fake-world-interleaved-copy-first-round", "helpers/fake_world/__init__.py",
       "first = (\"F\", *interleaved_unit(layout.pp, plan.v, rnd + warm, True))",
-      "first = (\"F\", *interleaved_unit(layout.pp, plan.v, warm, True))", "tests/test_fake_world.py -k interleaved",
+      "first = (\"F\", *interleaved_unit(layout.pp, plan.v, warm, True))", "tests/test_fake_world_interleaved.py",
       "interleaved steady rounds extrapolated from the first, which holds each chunk's first backwards"),
     # step time, interleaved: a hand-off counted between ops on the same rank (the last stage's B after its own F)
     M("timing-interleaved-handoff-same-rank", "helpers/fake_world/timing.py",

@@ -134,29 +134,6 @@ def test_scaled_traces_equal_full_traces():
         assert (part.memory, part.held, part.comm, part.flops) == (full.memory, full.held, full.comm, full.flops)
 
 
-def test_scaled_interleaved_traces_equal_full_traces():
-    """Interleaved 1F1B, 2 ranks of 2 chunks of uneven layers ([5, 6, 6, 5]: rank 0 holds 5 and 6, rank 1
-    6 and 5), 10 micro-batches, ZeRO-1 (gradients reduced in each chunk's last backward): with
-    trace_layers=3 each chunk is traced with 3 to 5 layers fewer its own difference (rank 0: 2-3, 3-4, 4-5)
-    and 8 (rank 0, warm-up 4 = PP x V) or 6 (rank 1, warm-up 2) micro-batches, the round of PP x V = 4
-    steady iterations not traced added; every figure, and the timing trace phase by phase, equals a
-    trace of everything."""
-    model = Model("uneven", layers=22, hidden=64, heads=4, kv_heads=2, ffn=128, mlp_matrices=3, seq_len=32, vocab=256)
-    lay, m, stages = Layout(dp=1, pp=2, v=2, zero=1), 10, [5, 6, 6, 5]
-    for rank in (0, 1):
-        part = fw.simulate(model, lay, micro_batches=m, stages=stages, trace_layers=3, extrapolate="always", rank=rank,
-                           max_layer_passes=400)
-        assert part.layers_traced == (4, 5) and part.micro_batches_traced == (8, 6)[rank]
-        assert len(part.notes) == 3, "nothing was scaled: the test would not test the scaling"
-        full = fw.simulate(model, lay, micro_batches=m, stages=stages, extrapolate=False, rank=rank)
-        assert full.micro_batches_traced == m and full.stage_layers == part.stage_layers == 11
-        assert (part.memory, part.held, part.comm, part.flops) == (full.memory, full.held, full.comm, full.flops)
-        # (the optimizer's phase keeps the traced micro-batch count as its i, as in a shortened 1F1B trace)
-        key = lambda step: [(p["kind"], p.get("c"), p["i"] if p["kind"] in ("F", "B") else None, p["ops"], p["mem"],
-                             p["comm"]) for p in step.timing]
-        assert key(part) == key(full)
-
-
 def test_bad_layouts_are_refused_before_tracing():
     odd = Model("odd", layers=30, hidden=96, heads=6, kv_heads=2, ffn=192, seq_len=100, vocab=192)
     for lay, msg in [(Layout(dp=1, tp=4), "TP must divide the attention heads"),
