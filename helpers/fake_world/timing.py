@@ -724,8 +724,10 @@ def with_micro_batches(step, micro_batches: int):
     ``micro_batches`` micro-batches per step, more than it ran: its trace's steady 1F1B iteration
     (one forward and one backward) repeated, as :func:`helpers.fake_world.simulate` itself extends
     a shortened trace, so that one trace gives a sweep of micro-batch counts (12.2.2: the bubble
-    against m; P.13: strong scaling at a fixed global batch). The timing trace, the micro-batch
-    count and the FLOPs change; the memory peak and the ``comm`` table stay the traced step's."""
+    against m; P.13: strong scaling at a fixed global batch); an interleaved trace by whole rounds
+    of PP x V steady iterations (:func:`_with_rounds`: m stays a multiple of PP). The timing trace,
+    the micro-batch count and the FLOPs change; the memory peak and the ``comm`` table stay the
+    traced step's."""
     from dataclasses import replace
 
     from .. import validate
@@ -733,15 +735,13 @@ def with_micro_batches(step, micro_batches: int):
     m = validate.integer_at_least(micro_batches, "micro_batches", 1)
     if getattr(step, "timing", None) is None:
         raise ValueError("this FakeStep has no op trace: simulate(..., timing=True) records one")
-    if step.layout_spec is not None and step.layout_spec.v > 1:
-        raise ValueError(f"with_micro_batches extends plain 1F1B traces: this one is interleaved (v = "
-                         f"{step.layout_spec.v}); simulate(..., micro_batches={m}) traces it (its extra rounds of "
-                         "PP x V steady iterations extrapolated)")
     if m < step.micro_batches:
         raise ValueError(f"micro_batches must be at least the traced step's {step.micro_batches}, got {m}: "
                          "a trace can be extended, not cut")
     if m == step.micro_batches:
         return step
+    if step.layout_spec is not None and step.layout_spec.v > 1:
+        return _with_rounds(step, m)
     kinds = [p["kind"] for p in step.timing]
     warm = kinds[:kinds.index("B")].count("F") - 1  # forwards before the first backward, less the steady one
     if step.micro_batches < warm + 3:
@@ -752,3 +752,28 @@ def with_micro_batches(step, micro_batches: int):
     at = [j for j, p in enumerate(step.timing) if p["kind"] == "F" and p["i"] in (warm + 1, warm + 2)]
     added = extra * sum(phase_flops(p) for p in step.timing[at[0]:at[1]])
     return replace(step, timing=phases, micro_batches=m, flops=step.flops + added)
+
+
+def _with_rounds(step, m: int):
+    """:func:`with_micro_batches` for an interleaved 1F1B trace: whole rounds of PP x V steady
+    iterations (the period of the order, PP more micro-batches each) repeated, the round that
+    :func:`helpers.fake_world.simulate` itself repeats (the second: no first forward or backward of a
+    micro-batch, no chunk's last backward)."""
+    from dataclasses import replace
+
+    from ..pipeline_schedule import interleaved_unit, interleaved_warmup
+
+    p, v, m0 = step.layout_spec.pp, step.layout_spec.v, step.micro_batches
+    if (m - m0) % p:
+        raise ValueError(f"interleaved 1F1B runs a multiple of PP = {p} micro-batches: {m} is not")
+    warm, rnd = interleaved_warmup(p, m0, v, step.coords["pp"]), p * v
+    if m0 == p or 2 * rnd + warm >= m0 * v:
+        raise ValueError(f"the trace's {m0} micro-batches have no steady round of PP x V = {rnd} iterations between "
+                         f"the first and the last to repeat (needs {3 * p if warm < rnd else 4 * p}): simulate more "
+                         "micro-batches")
+    at = lambda k: next(j for j, ph in enumerate(step.timing)
+                        if (ph["kind"], ph.get("c"), ph["i"]) == ("F", *interleaved_unit(p, v, k, True)))
+    a, b = at(rnd + warm), at(2 * rnd + warm)
+    times = (m - m0) // p
+    added = times * sum(phase_flops(ph) for ph in step.timing[a:b])
+    return replace(step, timing=repeat_phases(step.timing, a, b, times), micro_batches=m, flops=step.flops + added)
