@@ -55,7 +55,6 @@ NOT_TRACED = {
                      "82.4 GiB in torchtitan's own Table 1)",
     "Float8": "Float8 linears (torchao: FP8 copies of weights and activations for the matmuls)",
     "async TP": "async TP (micro-pipelined all-gather + matmul: its own buffers)",
-    "float8 all-gather": "if on, " + FLOAT8_ALL_GATHER,
 }
 RECOMPUTE = {"none": "none", "full": "full", "selective-op": "selective", "selective": "selective"}
 # a source that says "selective" without its kind: traced per op, torchtitan's default selective_ac_option
@@ -63,6 +62,15 @@ SELECTIVE_KIND_UNSTATED = ("selective activation checkpointing of an unstated ki
                            "default selective_ac_option 'op')")
 OPTIMIZER_UNSTATED = ("AdamW's implementation unstated (traced foreach: torchtitan's default until 2025; fused "
                       "holds less, per-parameter more in its step)")
+
+
+def _with_all_gather(word: str, text: str, how: str) -> str:
+    """A difference's text; Float8 linears' names FSDP2's float8 all-gather of the weights, and its
+    effect, where the run's row mentions it (inside the parenthesis: the lists that print a
+    difference's first words print the same)."""
+    if word != "Float8" or "float8 all-gather" not in how:
+        return text
+    return f"{text[:-1]}; if on, {FLOAT8_ALL_GATHER})"
 
 
 def recipe(lay) -> tuple[dict, tuple]:
@@ -175,7 +183,8 @@ def match(points=None) -> list[Match]:
             out.append(Match(p, "refused", None, reason=f"the fake world refuses it: {e}"))
             continue
         how = f"{p.layout.precision}; {p.layout.other}; {p.layout.pp_schedule}"
-        differences = tuple(text for word, text in NOT_TRACED.items() if word in how) + guessed
+        differences = tuple(_with_all_gather(word, text, how) for word, text in NOT_TRACED.items() if word in how)
+        differences += guessed
         m = p.layout.micro_batches if layout.pp > 1 else 1
         sim = {"micro_batches": m, "trace_layers": 2, **opts, **({"stages": stages} if stages else {})}
         case = Case("published", p.id, model, layout, h100_cluster(layout.devices),
