@@ -4,7 +4,8 @@ Rank ``d`` owns chunk ``c`` = virtual stage ``c*p + d`` (``v`` chunks per rank; 
 one-stage-per-rank pipeline). The ranks run exactly the per-device orders of
 :func:`helpers.pipeline_schedule.op_orders` (GPipe, 1F1B, interleaved 1F1B, ZB-H1) with
 :func:`run_schedule`, the one executor of the workbook's pipelines (:mod:`helpers.three_d`'s and
-:mod:`helpers.fake_world.step`'s steps run on it too):
+:mod:`helpers.fake_world.step`'s steps run on it too; the fake world's interleaved steps run on
+:func:`run_steps`, Megatron-LM's batching of the same order):
 
 * ``F``: receive the activation from the previous stage (``dist.recv``), run the chunk, send the
   output to the next stage (``dist.isend``, not waited for, so no two ranks can block each other);
@@ -183,6 +184,29 @@ def run_schedule(order, steps, *, paired: bool = False) -> None:
             steps.p2p([(kind, c, j, out)], [])
     if waiting is not None:
         steps.p2p([waiting], [])
+
+
+def run_steps(steps_of_order, steps) -> None:
+    """Run one rank's order cut into iterations (:func:`helpers.pipeline_schedule.interleaved_steps`)
+    as Megatron-LM's interleaved schedule does: before the first iteration its inputs are received;
+    after each iteration its outputs are sent and the next iteration's inputs received, all in one
+    ``p2p`` call (``send_forward_recv_forward``, ``send_forward_backward_recv_forward_backward``,
+    ``send_backward_recv_backward``). With ``v`` chunks the neighbours form a ring (the last rank's
+    chunk ``c`` feeds the first rank's chunk ``c + 1``), and :func:`run_schedule`'s sends that wait
+    alone for their receiver would deadlock; these batches do not, each send waiting for its receive
+    (tests/test_pipeline_schedule.py: p up to 8, v up to 4, m = p, 2p, 3p; p up to 16, v up to 8,
+    m up to 4p were checked once). ``steps``: as :func:`run_schedule`'s (no W)."""
+    groups = [list(g) for g in steps_of_order]
+    if any(kind == "W" for g in groups for kind, _, _ in g):
+        raise ValueError("run_steps runs forwards and backwards only (no split backward)")
+    xs = steps.p2p([], groups[0]) if groups else []
+    for n, group in enumerate(groups):
+        outs = []
+        for (kind, c, j), x in zip(group, xs):
+            out = steps.forward(c, j, x) if kind == "F" else steps.backward(c, j, x)
+            if out is not None:
+                outs.append((kind, c, j, out))
+        xs = steps.p2p(outs, groups[n + 1] if n + 1 < len(groups) else [])
 
 
 # ---- the pipeline on the ranks --------------------------------------------------------------------

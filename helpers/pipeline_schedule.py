@@ -22,7 +22,9 @@ Schedules (the per-device orders, :func:`op_orders`):
 * ``"1f1b"``: PipeDream-flush / 1F1B. Device ``d`` runs ``p-d-1`` warm-up forwards, then
   alternates one forward and one backward, then drains the remaining backwards.
 * ``"interleaved"``: Megatron-LM's interleaved 1F1B. Each device holds ``v`` chunks; chunk ``c``
-  of device ``d`` is virtual stage ``c*p + d``. Needs ``m`` to be a multiple of ``p``.
+  of device ``d`` is virtual stage ``c*p + d``. Needs ``m`` to be a multiple of ``p``. The same
+  order as ``torch.distributed.pipelining.ScheduleInterleaved1F1B`` except with ``m == p``, where
+  Megatron runs every forward first (:func:`interleaved_warmup`).
 * ``"zb-h1"``: the 1F1B order with the backward split into B and W (Qi et al., "Zero Bubble
   Pipeline Parallelism", 2023). Device ``d`` lets up to ``d`` weight-gradient passes wait, so the
   later devices, which would otherwise idle at the end, do W work there; the leftover W's run at
@@ -143,28 +145,52 @@ def _one_f_one_b(p: int, m: int, d: int, defer_w: int | None, warm: int | None =
     return order
 
 
+def interleaved_warmup(p: int, m: int, v: int, d: int) -> int:
+    """Forwards (of one chunk and micro-batch each) device ``d`` runs before its first backward in
+    Megatron-LM's interleaved 1F1B: ``(p - d - 1) * 2 + (v - 1) * p``, at most all ``m v`` of them,
+    and all of them when ``m == p`` (Megatron runs every forward first then; torch's
+    ``ScheduleInterleaved1F1B`` does not special-case it, so with ``m == p`` its later ranks start
+    their backwards sooner; otherwise the two orders are the same)."""
+    check_schedule("interleaved", p, m, v)
+    index_below(d, "d (device)", p)
+    total = m * v
+    return total if m == p else min((p - d - 1) * 2 + (v - 1) * p, total)
+
+
+def interleaved_unit(p: int, v: int, k: int, forward: bool) -> tuple[int, int]:
+    """(chunk, micro-batch) of a device's ``k``-th forward (or backward) in interleaved 1F1B: the
+    forwards go ``p`` micro-batches at a time through chunk 0, then chunk 1, ..., then the next
+    ``p`` micro-batches; the backwards likewise from the last chunk down."""
+    chunk = (k % (p * v)) // p
+    if not forward:
+        chunk = v - 1 - chunk
+    return chunk, (k // (p * v)) * p + k % p
+
+
 def _interleaved(p: int, m: int, v: int, d: int) -> list:
     """Megatron-LM's interleaved 1F1B order for device d (m a multiple of p)."""
     total = m * v
-
-    def unit(k: int, forward: bool):
-        chunk = (k % (p * v)) // p
-        if not forward:
-            chunk = v - 1 - chunk
-        mb = (k // (p * v)) * p + k % p
-        return chunk, mb
-
-    if m == p:
-        warm = total  # Megatron: with m == p every forward runs first
-    else:
-        warm = min((p - d - 1) * 2 + (v - 1) * p, total)
-    order = [("F", *unit(k, True)) for k in range(warm)]
+    warm = interleaved_warmup(p, m, v, d)
+    order = [("F", *interleaved_unit(p, v, k, True)) for k in range(warm)]
     for k in range(total - warm):
-        order.append(("F", *unit(k + warm, True)))
-        order.append(("B", *unit(k, False)))
+        order.append(("F", *interleaved_unit(p, v, k + warm, True)))
+        order.append(("B", *interleaved_unit(p, v, k, False)))
     for k in range(total - warm, total):
-        order.append(("B", *unit(k, False)))
+        order.append(("B", *interleaved_unit(p, v, k, False)))
     return order
+
+
+def interleaved_steps(p: int, m: int, v: int, d: int) -> list[list[tuple[str, int, int]]]:
+    """Device ``d``'s interleaved order (``op_orders("interleaved", p, m, v)[d]``) cut into the
+    iterations of Megatron-LM's loop (``forward_backward_pipelining_with_interleaving``): each
+    warm-up forward alone, then the steady (forward, backward) pairs, then each cool-down backward
+    alone. :func:`helpers.pipeline_parallel.run_steps` exchanges one iteration's outputs and the next
+    one's inputs in one batch of sends and receives, as Megatron does."""
+    order = _interleaved(p, m, v, d)
+    warm = interleaved_warmup(p, m, v, d)
+    steady = m * v - warm
+    return ([[o] for o in order[:warm]] + [order[warm + 2 * k:warm + 2 * k + 2] for k in range(steady)]
+            + [[o] for o in order[warm + 2 * steady:]])
 
 
 # ---- the timeline --------------------------------------------------------------------------------

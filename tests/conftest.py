@@ -44,6 +44,7 @@ LONGEST_FIRST = (  # measured with benchmarks/suite_timeline.py (WORKBOOK_TEST_T
     "notebooks/c12_parallelism_strategies/c12_2_1_tensor_parallel.ipynb",
     "notebooks/c12_parallelism_strategies/c12_2_2_pipeline.ipynb",
     "tests/test_fake_world_recipes.py",
+    "tests/test_fake_world_interleaved.py",
     "tests/test_exercise_shortcuts.py",
 )
 

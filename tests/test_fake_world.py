@@ -13,15 +13,24 @@ from helpers.planner import Layout, Model
 
 TINY = Model("tiny", layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, mlp_matrices=3, seq_len=32, vocab=256)
 # the three layouts of the issue on 4 ranks: FSDP2 over DP4, TP2 x DP2 with sequence parallelism,
-# a 2-stage pipeline x DP2 (ZeRO-2: weights kept for the step, gradients reduce-scattered)
-LAYOUTS = [(Layout(dp=4, zero=3), 2), (Layout(dp=2, tp=2, zero=3), 2), (Layout(dp=2, pp=2, zero=2), 2)]
+# a 2-stage pipeline x DP2 (ZeRO-2: weights kept for the step, gradients reduce-scattered); and interleaved
+# 1F1B (issue 26): 2 ranks of 2 chunks x DP2 under ZeRO-3 (each chunk its own FSDP root; both directions
+# between the two ranks carry activations and gradients), and 4 ranks of 2 chunks under ZeRO-1 with m = PP
+# (Megatron's all-forwards-first warm-up; the last rank's chunk 0 feeds the first rank's chunk 1)
+LAYOUTS = [(TINY, Layout(dp=4, zero=3), 2), (TINY, Layout(dp=2, tp=2, zero=3), 2), (TINY, Layout(dp=2, pp=2, zero=2), 2),
+           (replace(TINY, layers=4), Layout(dp=2, pp=2, v=2, zero=3), 4),
+           (replace(TINY, layers=8), Layout(dp=1, pp=4, v=2, zero=1), 4)]
+
+
+def _stages(model, lay):
+    return [model.layers // (lay.pp * lay.v)] * (lay.pp * lay.v)
 
 
 def _real_steps(layouts):
-    """On every real rank: the measured step of each layout (one launch for all three)."""
+    """On every real rank: the measured step of each layout (one launch for all of them)."""
     out = []
-    for lay, m in layouts:
-        out.append(fake_step.worker(TINY, lay, [TINY.layers // lay.pp] * lay.pp, m))
+    for model, lay, m in layouts:
+        out.append(fake_step.worker(model, lay, _stages(model, lay), m))
     return out
 
 
@@ -44,14 +53,14 @@ def real():
 
     fw.simulate(TINY, Layout(dp=2, zero=3), micro_batches=1)  # a fake world first: the launch must not mind
     assert not dist.is_initialized()
-    return launch(_real_steps, LAYOUTS, world_size=4, record=False, quiet=True, timeout=90).results
+    return launch(_real_steps, LAYOUTS, world_size=4, record=False, quiet=True, timeout=150).results
 
 
 @pytest.mark.parametrize("i", range(len(LAYOUTS)))
 def test_fake_world_equals_real_ranks(real, i):
-    lay, m = LAYOUTS[i]
+    model, lay, m = LAYOUTS[i]
     for rank in sorted({0, lay.devices - 1}):  # for the pipeline: the first and the last stage
-        fake = fw.simulate(TINY, lay, micro_batches=m, rank=rank)
+        fake = fw.simulate(model, lay, micro_batches=m, rank=rank)
         mine = real[rank][i]
         assert fake.memory == mine["peak"], (lay.label(), rank)  # bytes at the peak, by category
         assert fake.held == mine["held"]  # parameters, gradients and optimizer state after the step
@@ -61,14 +70,31 @@ def test_fake_world_equals_real_ranks(real, i):
         assert fake.memory["optimizer"] > 0 and fake.memory["activations"] > 0
 
 
+def test_interleaved_hand_offs_go_to_the_right_ranks(real):
+    """PP 4 x 2 chunks, 4 micro-batches: the last rank (3) holds virtual stages 3 and 7. Its chunk 0
+    sends activations on to rank 0 (virtual stage 4) and receives gradients from it; every other
+    hand-off is with rank 2 (virtual stages 2 and 6): by hand, 4 micro-batches each way per chunk."""
+    from collections import Counter
+
+    model, lay, m = LAYOUTS[4]
+    with fw.fake_world(lay.devices, 3):
+        fake = fake_step.measured_step(model, lay, _stages(model, lay), m, fake=True)
+    assert Counter(fake["p2p"]) == {("send", 0): 4, ("recv", 0): 4, ("send", 2): 8, ("recv", 2): 8}
+    assert fake["p2p"] == real[3][4]["p2p"]  # the same sends and receives, in the same order, as on gloo
+
+
 def test_the_comparison_sees_a_difference(real):
     """The real-vs-fake comparison is not vacuous: another ZeRO stage or micro-batch count differs."""
-    lay, m = LAYOUTS[0]
+    _, lay, m = LAYOUTS[0]
     mine = real[0][0]
     other = fw.simulate(TINY, Layout(dp=4, zero=2), micro_batches=m)
     assert other.memory != mine["peak"] and other.comm != fw.comm_rows(mine["ops"])
     more = fw.simulate(TINY, lay, micro_batches=m + 1)
     assert more.flops == mine["flops"] * (m + 1) // m
+    # interleaving is not plain 1F1B: the same 4 layers on 2 ranks without chunks hold and send otherwise
+    model, lay, m = LAYOUTS[3]
+    plain = fw.simulate(model, replace(lay, v=1), micro_batches=m)
+    assert plain.memory != real[0][3]["peak"] and plain.comm != fw.comm_rows(real[0][3]["ops"])
 
 
 def test_counts_are_the_mechanisms():
@@ -146,6 +172,16 @@ def test_bad_layouts_are_refused_before_tracing():
         fw.simulate(deep, Layout(dp=2))
     with pytest.raises(ValueError, match="trace_layers must be an integer >= 2"):
         fw.simulate(TINY, Layout(dp=2), trace_layers=1)
+    # interleaved 1F1B (v chunks per rank): its own constraints, by name
+    four = replace(TINY, layers=4)
+    with pytest.raises(ValueError, match=r"PP x V = 2 x 3 must divide the layers"):
+        fw.simulate(four, Layout(dp=1, pp=2, v=3), micro_batches=4)
+    with pytest.raises(ValueError, match=r"stages must give PP x V = 2 x 2 = 4 layer counts"):
+        fw.simulate(four, Layout(dp=1, pp=2, v=2), micro_batches=4, stages=[2, 2])
+    with pytest.raises(ValueError, match="multiple of PP = 2"):
+        fw.simulate(four, Layout(dp=1, pp=2, v=2), micro_batches=3)
+    with pytest.raises(ValueError, match="needs pipeline parallelism"):
+        Layout(dp=2, v=2)
     assert not dist.is_initialized()
 
 

@@ -8,13 +8,16 @@ from helpers.fake_world import timing
 from helpers.planner import Layout, Model
 
 TINY = Model("tiny", layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, mlp_matrices=3, seq_len=32, vocab=256)
-CASES = {"1F1B on 2 stages": (Layout(dp=1, pp=2), 4, 9), "DP 2, ZeRO-1": (Layout(dp=2, zero=1), 3, 7)}
+# interleaved: 4 layers on 2 ranks of 2 chunks; rank 0's warm-up is a round (PP x V = 4) long, so 4 PP = 8
+# micro-batches hold a steady round between the first and the last, repeated twice for 12
+CASES = {"1F1B on 2 stages": (TINY, Layout(dp=1, pp=2), 4, 9), "DP 2, ZeRO-1": (TINY, Layout(dp=2, zero=1), 3, 7),
+         "interleaved, 2 x 2 chunks": (replace(TINY, layers=4), Layout(dp=1, pp=2, v=2), 8, 12)}
 
 
 @pytest.fixture(scope="module")
 def traces():
-    return {name: (fw.simulate(TINY, lay, micro_batches=m0), fw.simulate(TINY, lay, micro_batches=m), m0, m)
-            for name, (lay, m0, m) in CASES.items()}
+    return {name: (fw.simulate(model, lay, micro_batches=m0), fw.simulate(model, lay, micro_batches=m), m0, m)
+            for name, (model, lay, m0, m) in CASES.items()}
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -22,7 +25,7 @@ def test_an_extended_trace_times_as_a_trace_of_that_many_micro_batches(traces, n
     short, full, m0, m = traces[name]
     longer = timing.with_micro_batches(short, m)
     assert longer.micro_batches == m and longer.flops == pytest.approx(full.flops, rel=1e-12)
-    assert [(p["kind"], p["i"]) for p in longer.timing] == [(p["kind"], p["i"]) for p in full.timing]
+    assert [(p["kind"], p.get("c"), p["i"]) for p in longer.timing] == [(p["kind"], p.get("c"), p["i"]) for p in full.timing]
     a, b = fw.step_time(longer, planner=False), fw.step_time(full, planner=False)
     assert a.step_s == pytest.approx(b.step_s, rel=1e-12) and a.mfu == pytest.approx(b.mfu, rel=1e-12)
     assert a.breakdown == pytest.approx(b.breakdown, rel=1e-12, abs=1e-15)
@@ -47,3 +50,9 @@ def test_bad_requests_are_refused(traces):
         timing.with_micro_batches(cut, 5)
     with pytest.raises(ValueError, match="no op trace"):
         timing.with_micro_batches(replace(short, timing=None), 5)
+    inter = traces["interleaved, 2 x 2 chunks"][0]  # 8 micro-batches on 2 ranks
+    with pytest.raises(ValueError, match="multiple of PP = 2"):
+        timing.with_micro_batches(inter, 9)
+    few = fw.simulate(replace(TINY, layers=4), Layout(dp=1, pp=2, v=2), micro_batches=6)  # 3 PP: rank 0 needs 4
+    with pytest.raises(ValueError, match="no steady round"):
+        timing.with_micro_batches(few, 8)

@@ -98,6 +98,57 @@ def test_1f1b_timeline_and_bubble_by_hand():
     assert timing.one_f_one_b_time(1, [1.0, 1.0], [2.0, 2.0]) == 6
 
 
+def test_interleaved_timeline_and_bubble_by_hand():
+    # equal times, chunk forward 1 and backward 2, free hand-offs: Narayanan et al.'s bubble, (p - 1)/(v m)
+    # of the busy time 3 v m (12.2.2): 2 ranks x 2 chunks, m = 4: 24 + 3; 4 x 2, m = 8: 48 + 9; m = p
+    # (every forward first): 2 x 2, m = 2: 12 + 3; 2 x 3, m = 6: 54 + 3
+    for p, v, m, total in ((2, 2, 4, 27), (4, 2, 8, 57), (2, 2, 2, 15), (2, 3, 6, 54 + 3)):
+        f = {(c, i): 1.0 for c in range(v) for i in range(m)}
+        b = {k: 2.0 for k in f}
+        assert timing.interleaved_time(p, v, f, b) == pytest.approx(total)
+        assert (total - 3 * v * m) / (3 * v * m) == pytest.approx((p - 1) / (v * m))
+    # hand-offs of 0.5, 2 x 2, m = 2, traced by hand: rank 0 F(0,0) [0,1] F(0,1) [1,2]; rank 1 F(0,0) [1.5,2.5]
+    # F(0,1) [2.5,3.5]; rank 0 F(1,0) [3,4] F(1,1) [4,5]; rank 1 F(1,0) [4.5,5.5] F(1,1) [5.5,6.5] B(1,0) [6.5,8.5]
+    # B(1,1) [8.5,10.5]; rank 0 B(1,0) [9,11] B(1,1) [11,13]; rank 1 B(0,0) [11.5,13.5] B(0,1) [13.5,15.5];
+    # rank 0 B(0,0) [14,16] B(0,1) [16,18]: 18, six hand-offs more than 15
+    f = {(c, i): 1.0 for c in range(2) for i in range(2)}
+    b = {k: 2.0 for k in f}
+    assert timing.interleaved_time(2, 2, f, b, 0.5) == pytest.approx(18.0)
+    # and against the schedule simulator of P.9 (helpers.pipeline_schedule.simulate: a device's forward f,
+    # backward b, 1/v of them per chunk; comm between devices), with hand-offs that bind at other points
+    from helpers import pipeline_schedule as ps
+
+    for p, v, m, h in ((2, 2, 4, 0.3), (3, 2, 6, 1.7), (4, 3, 8, 0.6), (2, 2, 2, 2.5)):
+        f = {(c, i): 1.0 for c in range(v) for i in range(m)}
+        b = {k: 2.0 for k in f}
+        sim = ps.simulate("interleaved", p, m, v=v, f=v * 1.0, b=v * 2.0, w=0, comm=h)
+        assert timing.interleaved_time(p, v, f, b, h) == pytest.approx(float(sim.makespan), rel=1e-12)
+    with pytest.raises(ValueError, match="one forward and one backward time per chunk"):
+        timing.interleaved_time(2, 2, f, {(0, 0): 2.0})
+
+
+def test_tiny_interleaved_model_end_to_end():
+    """The same 4 layers on 2 ranks, plain 1F1B and 2 chunks per rank: the same FLOPs on rank 0 (an
+    embedding and two layers; each chunk computes its own rotary tables, a few memory-bound ops more), a
+    smaller bubble, more hand-offs, and the breakdown sums to the step."""
+    four = Model("four", layers=4, hidden=64, heads=4, kv_heads=2, ffn=128, mlp_matrices=3, seq_len=32, vocab=256)
+    m = 4
+    one = fw.simulate(four, Layout(dp=1, pp=2), micro_batches=m)
+    plain = fw.step_time(one)
+    step = fw.simulate(four, Layout(dp=1, pp=2, v=2), micro_batches=m)
+    st = fw.step_time(step)
+    assert sum(st.breakdown.values()) == pytest.approx(st.step_s, rel=1e-12)
+    assert step.flops == one.flops
+    assert st.breakdown["compute"] == pytest.approx(plain.breakdown["compute"], rel=1e-2)
+    assert 0 < st.breakdown["bubble"] < plain.breakdown["bubble"]
+    assert st.breakdown["PP hand-off"] > plain.breakdown["PP hand-off"] > 0
+    assert [(p["kind"], p["c"], p["i"]) for p in step.timing if p["kind"] in "FB"][:5] == \
+        [("F", 0, 0), ("F", 0, 1), ("F", 1, 0), ("F", 1, 1), ("F", 0, 2)]  # rank 0's warm-up: (p - 1) 2 + (v - 1) p
+    assert any("chunks' times" in n for n in st.notes)
+    with pytest.raises(ValueError, match="no steady round"):  # 2 PP micro-batches: no round to repeat
+        timing.with_micro_batches(step, 8)
+
+
 def test_tiny_two_stage_model_end_to_end():
     m = 4
     step = fw.simulate(TINY, Layout(dp=1, pp=2), micro_batches=m)
@@ -180,10 +231,18 @@ def _run(**over):
 
 def test_published_comparison_on_hand_made_runs():
     runs = [_run(), _run(id="fp8", layout={"precision": "Float8 linears"}), _run(id="h200", layout={"hardware": "H200"}),
-            _run(id="sel", layout={"recompute": "selective-op"}), _run(id="noshape", layout={"other": ""}),
-            _run(id="il", layout={"pp_schedule": "interleaved 1F1B"})]
+            _run(id="sel", layout={"recompute": "selective-op"}), _run(id="noshape", layout={"other": "", "model": "other_gpt"}),
+            _run(id="il", layout={"pp_schedule": "interleaved 1F1B"}),
+            _run(id="il1", layout={"pp_schedule": "interleaved 1F1B, 1 stages per rank"})]
     out = timing.compare_published(runs)
-    assert out["n"] == 1 and [c[0] for c in out["cannot"]] == ["fp8", "h200", "sel", "noshape", "il"]
+    assert out["n"] == 1 and [c[0] for c in out["cannot"]] == ["fp8", "h200", "sel", "noshape", "il", "il1"]
+    why = dict(out["cannot"])
+    assert "stages per rank (v) unstated" in why["il"] and "plain 1F1B" in why["il1"]
+    assert "1 byte instead of 2" not in why["fp8"]  # FSDP2's float8 all-gather named, with its effect, where used
+    assert "1 byte instead of 2" in timing.express(_run(layout={"precision": "Float8 linears; FSDP float8 all-gather"}))
+    # a row without the model's shapes takes them from another row of the same model (none here: refused above)
+    borrowed = timing.express(_run(layout={"other": ""}), timing.model_shapes([_run()]))
+    assert (borrowed[0].hidden, borrowed[0].layers, borrowed[0].heads) == (64, 2, 4)
     row = out["rows"][0]
     # the same run by hand: GPT of h 64, 2 layers, 4 heads, 4h MLP on 2 A100s (DDP), 2 micro-batches of 1
     model = Model("g", layers=2, hidden=64, heads=4, ffn=256, seq_len=32, vocab=256)
@@ -193,6 +252,21 @@ def test_published_comparison_on_hand_made_runs():
     assert out["max_rel_err"] == pytest.approx(abs(row["rel_err"]))
     assert out["within_15pct"] == (abs(row["rel_err"]) <= 0.15)
     assert not math.isnan(out["max_rel_err"])
+
+
+def test_published_interleaved_run_is_traced_with_its_stages_per_rank():
+    run = _run(id="il2", layout={"pp": 2, "dp_replicate": 1, "world_size": 2, "local_batch": 4,
+                                 "pp_schedule": "interleaved 1F1B, 2 stages per rank",
+                                 "other": "vocabulary 256; hidden 64, 4 layers, 4 heads"})
+    model, layout, sim, dev, published, ours = timing.express(run)
+    assert (layout.pp, layout.v, sim["micro_batches"], model.layers) == (2, 2, 4, 4)
+    (row,) = timing.compare_published([run])["rows"]
+    # by hand: the 4-layer GPT on 2 ranks of 2 chunks, 4 micro-batches of 1
+    by_hand = Model("g", layers=4, hidden=64, heads=4, ffn=256, seq_len=32, vocab=256)
+    st = fw.step_time(fw.simulate(by_hand, Layout(dp=1, pp=2, v=2), micro_batches=4), "a100_sxm")
+    assert row["ours"] == pytest.approx(st.mfu, rel=1e-9) and row["layout"] == "DP1 TP1 PP2x2 ZeRO-0 mb1"
+    odd = _run(id="il3", layout={**run.layout.__dict__, "local_batch": 3})
+    assert "multiple of PP = 2" in timing.express(odd)
 
 
 def test_check_layouts_keeps_the_steps_it_traced():

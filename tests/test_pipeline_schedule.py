@@ -177,3 +177,75 @@ def test_gantt_draws_every_op():
     ax2 = ps.plot_in_flight(tl)
     assert len(ax2.lines) == 4
     plt.close("all")
+
+
+def _batches(p, v, m, d, run):
+    """The batches of sends and receives rank d issues when ``run`` executes its interleaved order:
+    ("send" | "recv", peer, (kind, receiving virtual stage, micro-batch)) per op."""
+    out = []
+
+    class Steps:
+        def p2p(self, sends, recvs):
+            ops = [("send", (c * p + d + (1 if k == "F" else -1)) % p, (k, c * p + d + (1 if k == "F" else -1), j))
+                   for k, c, j, _ in sends]
+            ops += [("recv", (c * p + d + (-1 if k == "F" else 1)) % p, (k, c * p + d, j)) for k, c, j in recvs
+                    if not (k == "F" and c * p + d == 0) and not (k == "B" and c * p + d == p * v - 1)]
+            if ops:
+                out.append(ops)
+            return [None] * len(recvs)
+
+        def forward(self, c, j, x):
+            return None if c * p + d == p * v - 1 else "activation"
+
+        def backward(self, c, j, g):
+            return None if c * p + d == 0 else "gradient"
+
+    run(Steps())
+    return out
+
+
+def _completes(batches) -> bool:
+    """Whether every rank gets through its batches when a send waits for its receive to be posted
+    (gloo's rendezvous) and a rank waits for its whole batch (batch_isend_irecv, then wait())."""
+    p = len(batches)
+    at, done = [0] * p, [set() for _ in range(p)]
+    while any(at[d] < len(batches[d]) for d in range(p)):
+        moved = False
+        for d in range(p):
+            if at[d] == len(batches[d]):
+                continue
+            for k, (op, peer, msg) in enumerate(batches[d][at[d]]):
+                if k in done[d] or at[peer] == len(batches[peer]):
+                    continue
+                other = ("recv" if op == "send" else "send", d, msg)
+                hit = [j for j, o in enumerate(batches[peer][at[peer]]) if o == other and j not in done[peer]]
+                if hit:
+                    done[d].add(k)
+                    done[peer].add(hit[0])
+                    moved = True
+        for d in range(p):
+            if at[d] < len(batches[d]) and len(done[d]) == len(batches[d][at[d]]):
+                at[d], done[d], moved = at[d] + 1, set(), True
+        if not moved:
+            return False
+    return True
+
+
+@pytest.mark.parametrize("p,v", [(2, 2), (2, 3), (3, 2), (4, 2), (4, 4), (8, 2)])
+def test_megatrons_interleaved_batches_never_deadlock(p, v):
+    """Rank d's order cut into Megatron's loop iterations is the order itself, warm-up first; run by
+    run_steps (one batch per iteration boundary) it never deadlocks, where run_schedule's batches
+    (an output sent alone unless the next op receives from the same neighbour) do on the ring."""
+    from helpers.pipeline_parallel import run_schedule, run_steps
+
+    for m in (p, 2 * p, 3 * p):
+        for d in range(p):
+            steps = ps.interleaved_steps(p, m, v, d)
+            assert [o for s in steps for o in s] == ps.op_orders("interleaved", p, m, v)[d]
+            warm = m * v if m == p else (p - d - 1) * 2 + (v - 1) * p  # Megatron's warm-up
+            assert [len(s) for s in steps] == [1] * warm + [2] * (m * v - warm) + [1] * warm
+        grouped = [_batches(p, v, m, d, lambda s, d=d: run_steps(ps.interleaved_steps(p, m, v, d), s)) for d in range(p)]
+        assert _completes(grouped)
+    paired = [_batches(p, v, 2 * p, d, lambda s, d=d: run_schedule(ps.op_orders("interleaved", p, 2 * p, v)[d], s,
+                                                                     paired=True)) for d in range(p)]
+    assert not _completes(paired)

@@ -14,7 +14,8 @@ GPU cluster, in this one process, and returns what that rank holds, sends and co
   from the planner's :class:`~helpers.planner.Model`) parallelised with ``init_device_mesh``,
   ``parallelize_module`` (+ sequence parallelism), ``fully_shard`` / ``replicate`` (ZeRO 0-3, see
   that module for which API stands for which stage), K/V all-gather context parallelism, a
-  pipeline stage with only its own layers in 1F1B order, BF16 compute with FP32 master state,
+  pipeline stage with only its own layers in 1F1B order (or, with ``Layout(v=v)``, v chunks per
+  rank in Megatron-LM's interleaved 1F1B order: see below), BF16 compute with FP32 master state,
   forward, backward and the AdamW step;
 * measured with ``MemTracker`` (peak bytes by category; every allocation and free it sees is
   replayed through :mod:`helpers.fake_world.allocator`'s model of the CUDA caching allocator, for
@@ -58,6 +59,22 @@ the tests check them equal to a trace of everything. Extrapolation is used only 
 (``extrapolate="always"`` forces it). A configuration that would still trace more than
 ``max_layer_passes`` layer passes is refused, with the way out (``trace_layers``).
 
+**Interleaved 1F1B** (``Layout(pp=p, v=v)``, v >= 2; Narayanan et al. 2021): pipeline rank d holds
+v chunks, virtual stages d, d + p, ..., d + (v - 1) p, of ``model.layers / (p v)`` layers each (or
+``stages=``, p v counts: e.g. ``uneven_stages(layers, p * v)``), the embedding on virtual stage 0,
+the final norm and head on the last; each chunk is its own tree of FSDP units and has its own
+AdamW optimizer, as torchtitan builds its model parts. Activations go from chunk c of rank d to
+chunk c of rank d + 1, and from rank p - 1's chunk c to rank 0's chunk c + 1 (gradients back).
+The order is Megatron-LM's (:func:`helpers.pipeline_schedule.interleaved_steps`: warm-up
+(p - d - 1) 2 + (v - 1) p forwards of one chunk each, all of them when m = p; m a multiple of p),
+its sends and receives batched as Megatron does (:func:`helpers.pipeline_parallel.run_steps`).
+``trace_layers=k`` traces the largest chunk with k, k + 1 and k + 2 layers and every other chunk
+with as many fewer; the warm-up is traced whole, and of the steady iterations (a forward and a
+backward of one chunk each) whole rounds of p v, the period of the order, are extrapolated: 3p
+micro-batches are traced (4p when the warm-up is p v or longer), and the round between the
+first and the last, which holds no first forward and no last backward of a chunk, stands for the
+rounds left out.
+
 **Measurement caveats handled here** (each measured on this machine): ``MemTracker`` counted the
 tensors of DTensor's sharding propagation under an outer ``FakeTensorMode`` (a whole unsharded
 copy of the model during a foreach optimizer step), the received-gradient buffers kept by
@@ -73,6 +90,7 @@ from dataclasses import dataclass, field, replace
 
 from .. import torch_private, validate
 from ..launcher.commlog import ring_bytes_sent
+from ..pipeline_schedule import interleaved_unit, interleaved_warmup
 from ..planner import Layout, Model
 from ..torch_private import PINNED_TORCH  # noqa: F401 (helpers.fake_world.PINNED_TORCH, as before)
 from . import memo
@@ -124,7 +142,8 @@ def _clear_dtensor_caches():
 
 def uneven_stages(layers: int, pp: int) -> list:
     """Llama 3's uneven pipeline: one layer fewer on the first and the last stage (they also hold
-    the embedding and the output head). 126 layers on 16 stages: [7, 8 x 14, 7]."""
+    the embedding and the output head). 126 layers on 16 stages: [7, 8 x 14, 7]. Under interleaved
+    1F1B pass the virtual stages, PP x V: 126 layers on 16 x 2 give [3, 4 x 30, 3]."""
     validate.integer_at_least(pp, "pp", 3)
     if (layers + 2) % pp:
         raise ValueError(f"layers + 2 = {layers + 2} must be a multiple of PP = {pp} for one layer fewer on the first and last stage")
@@ -135,8 +154,9 @@ def uneven_stages(layers: int, pp: int) -> list:
 def check(model: Model, layout: Layout, world_size: int | None = None, stages=None,
           checkpoint_every: int | None = None) -> list:
     """Every constraint the fake world needs, as a ValueError naming it; returns the layer count
-    of each pipeline stage. ``checkpoint_every``: :func:`simulate`'s per-layer selective
-    recomputation (``recompute="selective"`` without it: per op)."""
+    of each pipeline stage (of each virtual stage, PP x V, under interleaved 1F1B: virtual stage
+    c x PP + d is chunk c of pipeline rank d). ``checkpoint_every``: :func:`simulate`'s per-layer
+    selective recomputation (``recompute="selective"`` without it: per op)."""
     if not isinstance(model, Model):
         raise TypeError(f"model must be a helpers.planner.Model, got {type(model).__name__}")
     if not isinstance(layout, Layout):
@@ -146,8 +166,8 @@ def check(model: Model, layout: Layout, world_size: int | None = None, stages=No
         validate.product_is(degrees, validate.integer_at_least(world_size, "world_size"), "the world size")
     if model.experts or model.attention_params:
         raise ValueError("only dense decoders with standard attention are built (no experts, no latent attention)")
-    if layout.ep > 1 or layout.v > 1:
-        raise ValueError("expert parallelism (ep > 1) and interleaved stages (v > 1) are not simulated")
+    if layout.ep > 1:
+        raise ValueError("expert parallelism (ep > 1) is not simulated")
     if layout.recompute not in ("none", "full", "selective"):
         raise ValueError(f"recompute={layout.recompute!r} is not traced: 'none', 'full' or 'selective'")
     if checkpoint_every is not None:
@@ -165,12 +185,13 @@ def check(model: Model, layout: Layout, world_size: int | None = None, stages=No
     local = model.seq_len // layout.cp
     if layout.sequence_parallel and t > 1:
         validate.divides(t, local, "TP must divide each CP rank's sequence (sequence parallelism)")
+    n, what = layout.pp * layout.v, "PP" if layout.v == 1 else f"PP x V = {layout.pp} x {layout.v}"
     if stages is None:
-        validate.divides(layout.pp, model.layers, "PP must divide the layers (or give stages=..., e.g. uneven_stages)")
-        stages = [model.layers // layout.pp] * layout.pp
-    stages = [validate.integer_at_least(n, "layers of a stage") for n in stages]
-    if len(stages) != layout.pp or sum(stages) != model.layers:
-        raise ValueError(f"stages must give PP = {layout.pp} layer counts summing to the {model.layers} layers, got {stages}")
+        validate.divides(n, model.layers, f"{what} must divide the layers (or give stages=..., e.g. uneven_stages)")
+        stages = [model.layers // n] * n
+    stages = [validate.integer_at_least(k, "layers of a stage") for k in stages]
+    if len(stages) != n or sum(stages) != model.layers:
+        raise ValueError(f"stages must give {what} = {n} layer counts summing to the {model.layers} layers, got {stages}")
     return stages
 
 
@@ -189,7 +210,10 @@ class FakeStep:
     dp_cp) with the group size, calls, payload bytes and ring-model bytes sent; ``flops``: FLOPs of the step on this rank; ``wall_s``: seconds the
     simulation took (every trace together); ``per_layer`` and ``per_layer_comm`` (with
     ``trace_layers``): what one more layer of the stage adds to each memory category at the peak,
-    and to the step's collectives (the rows that change)."""
+    and to the step's collectives (the rows that change). Under interleaved 1F1B
+    ``stage_layers`` counts the layers of all the rank's chunks, and ``per_layer`` is what one
+    more layer in every chunk adds (v layers); ``timing``'s forward and backward phases carry
+    their chunk, ``c``."""
 
     model: str
     layout: str
@@ -263,6 +287,10 @@ def _micro_batches(layout, global_batch, micro_batches) -> int:
 
 
 def _warm(layout, stage_index, m):
+    """Warm-up forwards of pipeline rank ``stage_index``: 1F1B's, or interleaved 1F1B's (of one chunk
+    and micro-batch each)."""
+    if layout.v > 1:
+        return interleaved_warmup(layout.pp, m, layout.v, stage_index)
     return min(layout.pp - stage_index - 1, m)
 
 
@@ -271,7 +299,12 @@ class TracePlan:
     """What :func:`simulate` will trace for one rank: its stage, the stage's layers, the layer
     counts traced, the 1F1B warm-up lengths traced (one: the stage's own, traced whole), the
     steady 1F1B iterations traced (of ``micro_batches - warm-up``), and the layer passes (forward
-    or backward of one layer for one micro-batch) all the traces cost together."""
+    or backward of one layer for one micro-batch) all the traces cost together.
+
+    Under interleaved 1F1B (``v`` chunks): ``chunk_layers`` gives each chunk's layers and
+    ``layers`` the largest of them, the count the traces vary (every chunk is traced with as many
+    layers fewer); the warm-up and the steady iterations count forwards (and backwards) of one
+    chunk and micro-batch each; ``micro_batches`` traced are a multiple of PP."""
 
     stage: int
     layers: int
@@ -280,9 +313,15 @@ class TracePlan:
     steady: int
     micro_batches: int
     passes: int
+    v: int = 1
+    chunk_layers: tuple = ()
 
     def traced_micro_batches(self, warm: int) -> int:
-        return warm + self.steady
+        return (warm + self.steady) // self.v
+
+    def traced_chunk_layers(self, n_layers: int) -> tuple:
+        """Each chunk's layers in a trace of ``n_layers`` (of the largest chunk)."""
+        return tuple(k - (self.layers - n_layers) for k in self.chunk_layers)
 
 
 def plan_trace(model, layout, stages, rank, m, trace_layers, extrapolate: bool = True) -> TracePlan:
@@ -292,14 +331,11 @@ def plan_trace(model, layout, stages, rank, m, trace_layers, extrapolate: bool =
     from .step import coords
 
     s = coords(rank, layout)["pp"]
+    if layout.v > 1:
+        return _plan_interleaved(layout, stages, s, m, trace_layers, extrapolate)
     n = stages[s]
     w = _warm(layout, s, m)
-    if extrapolate not in (True, False, "always"):
-        raise ValueError(f"extrapolate must be True, False or 'always', got {extrapolate!r}")
-    if trace_layers is not None:
-        if not extrapolate:
-            raise ValueError("trace_layers needs extrapolate=True")
-        validate.integer_at_least(trace_layers, "trace_layers", 2)
+    _check_extrapolate(extrapolate, trace_layers)
     if not extrapolate:
         return TracePlan(s, n, (n,), (w,), m - w, m, 2 * n * m)
     k = trace_layers
@@ -316,28 +352,75 @@ def plan_trace(model, layout, stages, rank, m, trace_layers, extrapolate: bool =
     return TracePlan(s, n, counts, warms, steady, m, passes)
 
 
+def _check_extrapolate(extrapolate, trace_layers):
+    if extrapolate not in (True, False, "always"):
+        raise ValueError(f"extrapolate must be True, False or 'always', got {extrapolate!r}")
+    if trace_layers is not None:
+        if not extrapolate:
+            raise ValueError("trace_layers needs extrapolate=True")
+        validate.integer_at_least(trace_layers, "trace_layers", 2)
+
+
+def _plan_interleaved(layout, stages, s, m, trace_layers, extrapolate) -> TracePlan:
+    """:func:`plan_trace` under interleaved 1F1B. The traced micro-batches are a multiple of PP (the
+    schedule needs it) with the real warm-up (the same for any m >= 2 PP) and at least one round
+    of steady iterations (PP x V forward/backward pairs: chunk c's forward and chunk c''s backward
+    of PP micro-batches each, the period of the order) that neither holds a micro-batch's first
+    forward or backward nor a chunk's last backward: 3 PP micro-batches, or 4 PP when the warm-up
+    is a round or longer. The others repeat it (:func:`_one_trace`)."""
+    p, v = layout.pp, layout.v
+    chunks = tuple(stages[c * p + s] for c in range(v))
+    top, least = max(chunks), min(chunks)
+    w = _warm(layout, s, m)
+    _check_extrapolate(extrapolate, trace_layers)
+    whole = TracePlan(s, top, (top,), (w,), m * v - w, m, 2 * sum(chunks) * m, v, chunks)
+    if not extrapolate:
+        return whole
+    k = trace_layers
+    # each chunk keeps at least 2 layers (FSDP holds two layers' weights at once, one prefetched)
+    counts = (top,) if k is None or k + 2 >= top or k - (top - least) < 2 else (k, k + 1, k + 2)
+    mt = m if m < 2 * p else min(m, (3 if w < p * v else 4) * p)
+    passes = 2 * mt * sum(sum(whole.traced_chunk_layers(c)) for c in counts)
+    if extrapolate != "always" and passes + PASSES_PER_TRACE * (len(counts) - 1) >= whole.passes:
+        return whole  # extrapolating would not be cheaper
+    return TracePlan(s, top, counts, (w,), mt * v - w, m, passes, v, chunks)
+
+
 def _one_trace(model, layout, stages, plan, n_layers, warm, options, meshes, timing=True):
-    """Trace the plan's stage with ``n_layers`` layers, warm-up ``warm`` and the plan's steady
-    iterations; communication and FLOPs with all the steady iterations of the real schedule
-    (the ones not traced are copies of the second one)."""
+    """Trace the plan's stage with ``n_layers`` layers (of each chunk: as many fewer as the largest
+    has), warm-up ``warm`` and the plan's steady iterations; communication and FLOPs with all the
+    steady iterations of the real schedule (the ones not traced are copies of the second one; under
+    interleaving, of the second round of PP x V)."""
     from .step import measured_step
 
     mt = plan.traced_micro_batches(warm)
-    extra = (plan.micro_batches - _warm(layout, plan.stage, plan.micro_batches)) - plan.steady
+    extra = (plan.micro_batches * plan.v - _warm(layout, plan.stage, plan.micro_batches)) - plan.steady
     st = list(stages)
-    st[plan.stage] = n_layers
+    if plan.v == 1:
+        st[plan.stage] = n_layers
+    else:
+        for c, k in enumerate(plan.traced_chunk_layers(n_layers)):
+            st[c * layout.pp + plan.stage] = k
     sub = replace(model, layers=sum(st), n_params=0.0)
-    r = measured_step(sub, layout, st, mt, fake=True, boundaries=extra > 0, warm=warm, meshes=meshes,
-                      op_log=timing_.OpLog() if timing else None, **options)
+    r = measured_step(sub, layout, st, mt, fake=True, boundaries=extra > 0, warm=warm if plan.v == 1 else None,
+                      meshes=meshes, op_log=timing_.OpLog() if timing else None, **options)
     ops, flops = list(r["ops"]), r["flops"]
     trace = timing_.trace_phases(r["op_log"], ops) if timing else None
     if extra > 0:
-        idx = {(k, i): j for j, (k, i, _, _) in enumerate(r["marks"])}
-        a, b = r["marks"][idx[("F", warm + 1)]], r["marks"][idx[("F", warm + 2)]]
-        ops += ops[a[2]:b[2]] * extra
-        flops += (b[3] - a[3]) * extra
+        idx = {(k, c, i): j for j, (k, c, i, _, _) in enumerate(r["marks"])}
+        if plan.v == 1:
+            first, second, times = ("F", 0, warm + 1), ("F", 0, warm + 2), extra
+        else:  # the forwards that open the steady rounds 2 and 3 (interleaved_unit's k-th forward)
+            rnd = layout.pp * plan.v
+            first = ("F", *interleaved_unit(layout.pp, plan.v, rnd + warm, True))
+            second = ("F", *interleaved_unit(layout.pp, plan.v, 2 * rnd + warm, True))
+            times = extra // rnd
+        a, b = r["marks"][idx[first]], r["marks"][idx[second]]
+        ops += ops[a[3]:b[3]] * times
+        flops += (b[4] - a[4]) * times
         if timing:
-            trace = timing_.repeat_steady(trace, warm + 1, warm + 2, extra)
+            at = lambda mark: next(j for j, p in enumerate(trace) if (p["kind"], p.get("c", 0), p["i"]) == mark)
+            trace = timing_.repeat_phases(trace, at(first), at(second), times)
     return {"memory": r["peak"], "phases": r["part_phases"], "held": r["held"], "comm": comm_rows(ops), "flops": flops,
             "coords": r["coords"], "timing": trace, "reserve": r["reserve"]}
 
@@ -408,7 +491,8 @@ def _run_plan(model, layout, stages, plan, options, timing=True, progress=None):
         if (c, v) not in runs:
             # how many traces this plan runs at least (3 layer counts, or one of the whole stage); the
             # window may slide up to 3 times more (settle)
-            label = f"trace {len(runs) + 1} of {max(len(runs) + 1, len(plan.layer_counts))} ({c} of the stage's {plan.layers} layers)"
+            label = (f"trace {len(runs) + 1} of {max(len(runs) + 1, len(plan.layer_counts))} ({c} of the "
+                     f"{'stage' if plan.v == 1 else 'largest chunk'}'s {plan.layers} layers)")
             with progress_.reporting(progress, label, plan.traced_micro_batches(v)):
                 runs[(c, v)] = _one_trace(model, layout, stages, plan, c, v, options, meshes, timing)
         return runs[(c, v)]
@@ -469,8 +553,10 @@ def simulate(model: Model, layout: Layout, *, rank: int = 0, world_size: int | N
     """One training step of rank ``rank`` of the ``layout.devices``-rank job, on a fake world.
 
     ``micro_batches`` per step (default: ``global_batch / (DP x micro-batch)`` when a global batch
-    is given, else PP, enough to fill the pipeline); ``stages``: layers per pipeline stage when
-    PP does not divide the layers (e.g. :func:`uneven_stages`); ``trace_layers=k``: trace k, k + 1
+    is given, else PP, enough to fill the pipeline; a multiple of PP under interleaving);
+    ``stages``: layers per pipeline stage when PP does not divide the layers (e.g.
+    :func:`uneven_stages`), per virtual stage (PP x V of them) under interleaved 1F1B
+    (``layout.v > 1``, module docstring); ``trace_layers=k``: trace k, k + 1
     and k + 2 layers of the stage and scale (module docstring); ``dropout``: dropout after attention and
     MLP (GPT, Korthikanti et al.), off for Llama; ``reduce_dtype``: the dtype gradients are reduced
     (and, under ZeRO-1, accumulated) in, FP32 by default as in torchtitan, "bfloat16" as the
@@ -520,6 +606,9 @@ def simulate(model: Model, layout: Layout, *, rank: int = 0, world_size: int | N
     m = _micro_batches(layout, global_batch, micro_batches)
     if layout.pp > 1 and m < layout.pp:
         raise ValueError(f"{m} micro-batches cannot fill PP = {layout.pp} stages (1F1B needs m >= PP)")
+    if layout.v > 1 and m % layout.pp:
+        raise ValueError(f"interleaved 1F1B (v = {layout.v}) needs the micro-batches to be a multiple of PP = "
+                         f"{layout.pp} (Megatron-LM's schedule), got {m}")
     plan = plan_trace(model, layout, stages, rank, m, trace_layers, extrapolate)
     if plan.passes > max_layer_passes:
         raise ValueError(
@@ -544,18 +633,27 @@ def simulate(model: Model, layout: Layout, *, rank: int = 0, world_size: int | N
                                                        "loss_dtype": loss_dtype, "optimizer": optimizer},
                        timing, progress)
     notes = []
-    if len(res["layer_counts"]) == 2:
+    if len(res["layer_counts"]) == 2 and plan.v == 1:
         notes.append(f"traced {res['layer_counts'][0] - 1} to {res['layer_counts'][1]} of the stage's {plan.layers} "
                      f"layers (the peak on a line from {res['layer_counts'][0]}); per-layer figures scaled to {plan.layers}")
+    elif len(res["layer_counts"]) == 2:
+        notes.append(f"traced {res['layer_counts'][0] - 1} to {res['layer_counts'][1]} layers of the largest of the "
+                     f"rank's {plan.v} chunks ({list(plan.chunk_layers)} layers), the others as many fewer (the peak on "
+                     f"a line from {res['layer_counts'][0]}); figures scaled to the chunks' layers, per_layer: one more "
+                     "layer in every chunk")
     if len(res["layer_counts"]) == 2:
         notes.append("peak reserved: the scaled peak plus the largest margin (reserve over the peak) of the traced "
                      "layer counts, not scaled (within 5% of full traces measured; see _reserve_at)")
     mts = {plan.traced_micro_batches(v) for v in plan.warmups}
-    if plan.steady < m - _warm(layout, plan.stage, m):
-        notes.append(f"traced {plan.steady} of {m - _warm(layout, plan.stage, m)} steady 1F1B iterations; the others "
-                     f"added from a measured one")
+    steady = m * layout.v - _warm(layout, plan.stage, m)
+    if plan.steady < steady and layout.v == 1:
+        notes.append(f"traced {plan.steady} of {steady} steady 1F1B iterations; the others added from a measured one")
+    elif plan.steady < steady:
+        notes.append(f"traced {plan.steady} of {steady} steady interleaved 1F1B iterations (a forward and a backward "
+                     f"of one chunk each); the others added from a measured round of PP x V = {layout.pp * layout.v}")
     step = FakeStep(model=model.name, layout=layout.label(), world_size=world, rank=rank, coords=res["coords"],
-                    stage_layers=plan.layers, layers_traced=res["layer_counts"], micro_batches=m,
+                    stage_layers=plan.layers if layout.v == 1 else sum(plan.chunk_layers),
+                    layers_traced=res["layer_counts"], micro_batches=m,
                     micro_batches_traced=max(mts), memory=res["memory"], held=res["held"], comm=res["comm"],
                     flops=res["flops"], wall_s=time.perf_counter() - t0, notes=notes, per_layer=res["per_layer"],
                     per_layer_comm=res["per_layer_comm"], timing=res["timing"], model_spec=model, layout_spec=layout,

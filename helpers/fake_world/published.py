@@ -31,6 +31,7 @@ from ..case_studies import llama3_model
 from ..planner import Layout, Model, Rules, h100_cluster
 from . import uneven_stages
 from .cases import Case
+from .timing import FLOAT8_ALL_GATHER, stages_per_rank
 
 GIB = 2**30
 
@@ -61,6 +62,15 @@ SELECTIVE_KIND_UNSTATED = ("selective activation checkpointing of an unstated ki
                            "default selective_ac_option 'op')")
 OPTIMIZER_UNSTATED = ("AdamW's implementation unstated (traced foreach: torchtitan's default until 2025; fused "
                       "holds less, per-parameter more in its step)")
+
+
+def _with_all_gather(word: str, text: str, how: str) -> str:
+    """A difference's text; Float8 linears' names FSDP2's float8 all-gather of the weights, and its
+    effect, where the run's row mentions it (inside the parenthesis: the lists that print a
+    difference's first words print the same)."""
+    if word != "Float8" or "float8 all-gather" not in how:
+        return text
+    return f"{text[:-1]}; if on, {FLOAT8_ALL_GATHER})"
 
 
 def recipe(lay) -> tuple[dict, tuple]:
@@ -129,8 +139,9 @@ def _layout(point) -> tuple[Layout | None, str]:
     if lay.pp > 1 and lay.micro_batches is None:
         return None, ("the source leaves the pipeline's micro-batch count unstated (at 1F1B's peak stage 0 holds "
                       "PP micro-batches: their size sets the activations)")
-    if "nterleaved" in lay.pp_schedule:
-        return None, f"the schedule is {lay.pp_schedule} (v > 1 stages a rank): the trace runs plain 1F1B only"
+    v = stages_per_rank(lay.pp_schedule)  # interleaved 1F1B: its stages per rank, or why there are none
+    if isinstance(v, str):
+        return None, v
     from ..published import SELECTIVE_LAYER
 
     recompute = "selective" if SELECTIVE_LAYER.fullmatch(lay.recompute or "") else RECOMPUTE.get(lay.recompute)
@@ -142,7 +153,7 @@ def _layout(point) -> tuple[Layout | None, str]:
         return None, f"{lay.micro_batches} micro-batches do not divide the local batch {lay.local_batch}"
     mb = lay.local_batch // lay.micro_batches if lay.pp > 1 else lay.local_batch
     try:
-        layout = Layout(dp=lay.dp_shard, tp=lay.tp, pp=lay.pp, cp=lay.cp, zero=3, micro_batch=mb,
+        layout = Layout(dp=lay.dp_shard, tp=lay.tp, pp=lay.pp, cp=lay.cp, zero=3, micro_batch=mb, v=v,
                         recompute=recompute, sequence_parallel=lay.tp > 1)
     except ValueError as e:
         return None, f"the planner's Layout refuses it: {e}"
@@ -163,7 +174,8 @@ def match(points=None) -> list[Match]:
         model = llama31(p.layout.model, p.layout.seq_len)
         # a pipeline that does not divide the layers: Llama 3's split, one layer fewer on the first and the
         # last stage, which hold the embedding and the head (the sources name no split points; 126 over 8)
-        stages = uneven_stages(model.layers, layout.pp) if model.layers % layout.pp else None
+        n = layout.pp * layout.v  # (virtual) stages
+        stages = uneven_stages(model.layers, n) if model.layers % n else None
         opts, guessed = recipe(p.layout)
         try:
             check(model, layout, None, stages, opts.get("checkpoint_every"))
@@ -171,7 +183,8 @@ def match(points=None) -> list[Match]:
             out.append(Match(p, "refused", None, reason=f"the fake world refuses it: {e}"))
             continue
         how = f"{p.layout.precision}; {p.layout.other}; {p.layout.pp_schedule}"
-        differences = tuple(text for word, text in NOT_TRACED.items() if word in how) + guessed
+        differences = tuple(_with_all_gather(word, text, how) for word, text in NOT_TRACED.items() if word in how)
+        differences += guessed
         m = p.layout.micro_batches if layout.pp > 1 else 1
         sim = {"micro_batches": m, "trace_layers": 2, **opts, **({"stages": stages} if stages else {})}
         case = Case("published", p.id, model, layout, h100_cluster(layout.devices),

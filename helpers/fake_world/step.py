@@ -3,11 +3,14 @@
 on real gloo ranks).
 
 :func:`build` turns a :class:`helpers.planner.Model` and :class:`~helpers.planner.Layout` into this
-rank's :class:`StageParts`: its pipeline stage (:class:`helpers.fake_world.llama_model.Stage`) parallelised on a
+rank's :class:`StageParts`: its pipeline stage (:class:`helpers.fake_world.llama_model.Stage`; with
+``layout.v > 1`` its v chunks, :class:`Chunk`, for interleaved 1F1B) parallelised on a
 4-D ``DeviceMesh`` (dims ``dp, pp, cp, tp``, outermost first: Llama 3's order, TP innermost), on
 the meta device; :meth:`StageParts.materialize` gives it (fake or real) storage and its AdamW
 optimizer; :func:`run_step` runs one step in 1F1B order (the order of
-:func:`helpers.pipeline_schedule.one_f_one_b`, run by :func:`helpers.pipeline_parallel.run_schedule`);
+:func:`helpers.pipeline_schedule.one_f_one_b`, run by :func:`helpers.pipeline_parallel.run_schedule`;
+interleaved: :func:`helpers.pipeline_schedule.interleaved_steps`, run by
+:func:`helpers.pipeline_parallel.run_steps`);
 :func:`measured_step` does all three and measures the step. Which API stands for which ZeRO
 stage (``Layout.zero``), each with BF16 compute and FP32 master state
 (``MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)``), AdamW:
@@ -50,8 +53,8 @@ import torch
 import torch.distributed as dist
 
 from ..launcher.commlog import _FUNCTIONAL, CommLog, record_call
-from ..pipeline_parallel import run_schedule
-from ..pipeline_schedule import one_f_one_b
+from ..pipeline_parallel import run_schedule, run_steps
+from ..pipeline_schedule import interleaved_steps, interleaved_warmup, one_f_one_b
 from ..torch_private import (
     FUNCTIONAL_NAMESPACE,
     adam_init_state,
@@ -97,28 +100,22 @@ def make_mesh(layout, device: str = "cpu") -> tuple:
 
 
 @dataclass
-class StageParts:
-    """This rank's part of the job, made by :func:`build` and given storage by :meth:`materialize`.
+class Chunk:
+    """One pipeline stage this rank holds: its one stage under plain 1F1B, one of its ``v`` chunks
+    under interleaved 1F1B (chunk ``index`` of pipeline rank d is virtual stage ``index * PP + d``).
 
-    ``stage``: the parallelised :class:`helpers.fake_world.llama_model.Stage` (on the meta device until
-    :meth:`materialize`); ``mesh``: the 4-D ``DeviceMesh`` (dp, pp, cp, tp); ``dp_mesh``: the mesh
-    FSDP shards over (dp, or dp x cp flattened); ``coords``: this rank's coordinate on each mesh
-    dim; ``layer_ids``: the model's layers this stage holds; ``sp``: sequence parallelism on (the
-    activations handed between stages are split along the sequence over TP); ``prev`` / ``next``:
-    the rank of the same (dp, cp, tp) in the previous / next stage, None on the first / last.
-    Set by :meth:`materialize`: ``anchor``, the scalar where every received activation's graph
-    ends (:class:`_StageInput`), and ``opt``, the AdamW optimizer."""
+    ``stage``: the parallelised :class:`helpers.fake_world.llama_model.Stage`, its own tree of
+    FSDP units (as torchtitan shards each model part); ``virtual``: its virtual stage;
+    ``layer_ids``: the model's layers it holds; ``prev`` / ``next``: the rank holding the same
+    (dp, cp, tp) coordinates of the previous / next virtual stage (under interleaving the last
+    pipeline rank's chunk c hands on to the first rank's chunk c + 1), None on the first / last."""
 
     stage: Stage
-    mesh: DeviceMesh
-    dp_mesh: DeviceMesh
-    coords: dict
+    index: int
+    virtual: int
     layer_ids: list
-    sp: bool
     prev: int | None
     next: int | None
-    anchor: torch.Tensor | None = None
-    opt: torch.optim.Optimizer | None = None
 
     @property
     def first(self) -> bool:
@@ -128,25 +125,56 @@ class StageParts:
     def last(self) -> bool:
         return self.next is None
 
+
+@dataclass
+class StageParts:
+    """This rank's part of the job, made by :func:`build` and given storage by :meth:`materialize`.
+
+    ``chunks``: its pipeline stage, or its ``v`` chunks under interleaved 1F1B (:class:`Chunk`, on
+    the meta device until :meth:`materialize`); ``mesh``: the 4-D ``DeviceMesh`` (dp, pp, cp,
+    tp); ``dp_mesh``: the mesh FSDP shards over (dp, or dp x cp flattened); ``coords``: this rank's
+    coordinate on each mesh dim; ``sp``: sequence parallelism on (the activations handed between
+    stages are split along the sequence over TP). Set by :meth:`materialize`: ``anchor``, the
+    scalar where every received activation's graph ends (:class:`_StageInput`), and ``opts``, one
+    AdamW optimizer per chunk (torchtitan's ``OptimizersContainer``: one per model part)."""
+
+    chunks: list
+    mesh: DeviceMesh
+    dp_mesh: DeviceMesh
+    coords: dict
+    sp: bool
+    anchor: torch.Tensor | None = None
+    opts: list | None = None
+
+    @property
+    def layer_ids(self) -> list:
+        """The model's layers this rank holds, chunk by chunk."""
+        return [i for ch in self.chunks for i in ch.layer_ids]
+
+    def modules(self) -> list:
+        return [ch.stage for ch in self.chunks]
+
     def materialize(self, init: bool, optimizer: str = "for-loop") -> None:
-        """Give the stage's (sharded) parameters storage on the CPU (fake tensors under
-        ``FakeTensorMode``), initialise them if ``init`` (real runs), and create the AdamW
+        """Give the chunks' (sharded) parameters storage on the CPU (fake tensors under
+        ``FakeTensorMode``), initialise them if ``init`` (real runs), and create each chunk's AdamW
         optimizer (``optimizer``: its implementation, :data:`helpers.fake_world.recipes.OPTIMIZERS`)
         with its moments as a first step would make them (through the optimizer's own state
         initialisation, which the first step runs: :func:`helpers.torch_private.adam_init_state`),
         so the measured step is a steady-state step."""
-        self.stage.to_empty(device="cpu")
-        params = list(self.stage.parameters())
+        for stage in self.modules():
+            stage.to_empty(device="cpu")
+        params = [list(stage.parameters()) for stage in self.modules()]
         if init:
             with torch.no_grad():
-                for p in params:
+                for p in (p for ps in params for p in ps):
                     p.normal_(0.0, 0.02)
         self.anchor = torch.zeros((), requires_grad=True)  # see _StageInput
-        self.opt = make_optimizer(params, optimizer)
-        for p in params:  # the state is made for the parameters that have a gradient
+        self.opts = [make_optimizer(ps, optimizer) for ps in params]
+        for p in (p for ps in params for p in ps):  # the state is made for the parameters that have a gradient
             p.grad = torch.zeros_like(p)
-        adam_init_state(self.opt)
-        self.opt.zero_grad(set_to_none=True)
+        for opt in self.opts:
+            adam_init_state(opt)
+            opt.zero_grad(set_to_none=True)
 
 
 def check_reshard(policy: str, layout) -> str:
@@ -164,26 +192,46 @@ def check_reshard(policy: str, layout) -> str:
 def build(model, layout, stages: list, *, dropout: bool = False, reduce_dtype: str = "float32",
           meshes=None, reshard_after_forward: str = "default", checkpoint_every: int | None = None,
           sac_log: list | None = None) -> StageParts:
-    """This rank's stage on the meta device, parallelised (TP, activation checkpointing when
-    ``layout.recompute == "full"``, then FSDP/replicate per block and for the stage). Call inside
-    the process group (fake or real), outside ``FakeTensorMode`` (the mesh reads its rank grid).
-    ``meshes``: :func:`make_mesh`'s, to reuse (a 16,384-rank mesh takes seconds to build);
-    ``reshard_after_forward``: ZeRO-3's policy, one of :data:`RESHARD_POLICIES`;
-    ``recompute="selective"``: with ``checkpoint_every=k``, every k-th block of the stage
-    checkpointed (per layer); without, every block checkpointed with torchtitan's per-op policy
+    """This rank's stage, or its ``layout.v`` chunks, on the meta device, each parallelised as
+    torchtitan does a model part (TP, activation checkpointing when ``layout.recompute == "full"``,
+    then FSDP/replicate per block and for the chunk). ``stages``: the layer count of each (virtual)
+    stage, PP x V of them. Call inside the process group (fake or real), outside
+    ``FakeTensorMode`` (the mesh reads its rank grid). ``meshes``: :func:`make_mesh`'s, to reuse (a
+    16,384-rank mesh takes seconds to build); ``reshard_after_forward``: ZeRO-3's policy, one of
+    :data:`RESHARD_POLICIES` (per chunk: its root and its last block kept by default);
+    ``recompute="selective"``: with ``checkpoint_every=k``, every k-th block of the rank checkpointed
+    (per layer; counted over its chunks in order, as torchtitan's counter runs on over the model
+    parts); without, every block checkpointed with torchtitan's per-op policy
     (:func:`helpers.fake_world.recipes.op_sac_context_fn`); ``sac_log``: the per-op policy's
     decisions, appended to this list."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
     rank = dist.get_rank()
     c = coords(rank, layout)
     mesh, dp_mesh = meshes or make_mesh(layout)
-    ids = stage_layer_ids(model.layers, stages)[c["pp"]]
-    first, last = c["pp"] == 0, c["pp"] == layout.pp - 1
+    ids = stage_layer_ids(model.layers, stages)
+    p, v, stride = layout.pp, layout.v, layout.cp * layout.tp
+    sp = layout.sequence_parallel and layout.tp > 1
+    counted = [0]  # blocks seen so far (per-layer selective checkpointing counts over the chunks)
+    chunks = []
+    for k in range(v):
+        s = k * p + c["pp"]
+        # the rank of virtual stage s +- 1: pipeline rank (s +- 1) % PP, the same dp, cp, tp
+        peer = lambda t: rank + ((t % p) - c["pp"]) * stride
+        stage = _build_chunk(model, layout, mesh, dp_mesh, ids[s], s == 0, s == p * v - 1, dropout, reduce_dtype,
+                             reshard_after_forward, checkpoint_every, sac_log, sp, counted)
+        chunks.append(Chunk(stage=stage, index=k, virtual=s, layer_ids=ids[s], prev=None if s == 0 else peer(s - 1),
+                            next=None if s == p * v - 1 else peer(s + 1)))
+    return StageParts(chunks=chunks, mesh=mesh, dp_mesh=dp_mesh, coords=c, sp=sp)
+
+
+def _build_chunk(model, layout, mesh, dp_mesh, ids, first, last, dropout, reduce_dtype, reshard_after_forward,
+                 checkpoint_every, sac_log, sp, counted) -> Stage:
+    """One (virtual) stage of :func:`build`, parallelised; ``counted``: the blocks checkpointing has
+    counted so far on this rank (updated)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
     cp_group = mesh["cp"].get_group() if layout.cp > 1 else None
     with torch.device("meta"):  # shapes only; storage comes with materialize()
         stage = Stage(model, ids, first, last, dropout=dropout, cp_group=cp_group)
-    sp = layout.sequence_parallel and layout.tp > 1
     if layout.tp > 1:
         from torch.distributed.tensor.parallel import parallelize_module
 
@@ -198,8 +246,9 @@ def build(model, layout, stages: list, *, dropout: bool = False, reduce_dtype: s
         per_op = layout.recompute == "selective" and checkpoint_every is None
         every = 1 if layout.recompute == "full" or per_op else checkpoint_every
         extra = {"context_fn": op_sac_context_fn(sac_log)} if per_op else {}
-        for j, name in enumerate(list(stage.layers)):
-            if (j + 1) % every == 0:  # the k-th, 2k-th, ... block (torchtitan's count)
+        for name in list(stage.layers):
+            counted[0] += 1
+            if counted[0] % every == 0:  # the k-th, 2k-th, ... block (torchtitan's count)
                 stage.layers[name] = checkpoint_wrapper(stage.layers[name], preserve_rng_state=False, **extra)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=getattr(torch, reduce_dtype))
     if layout.zero == 0:
@@ -214,16 +263,17 @@ def build(model, layout, stages: list, *, dropout: bool = False, reduce_dtype: s
     for blk in stage.layers.values():
         wrap(blk)
     wrap(stage)
-    stride = layout.cp * layout.tp
-    return StageParts(stage=stage, mesh=mesh, dp_mesh=dp_mesh, coords=c, layer_ids=ids, sp=sp,
-                      prev=None if first else rank - stride, next=None if last else rank + stride)
+    return stage
 
 
 def _exchange(sends=(), recvs=()):
-    """One batch of point-to-point ops ((tensor, peer) pairs), waited for: a send and a receive
-    in the same batch progress together (Megatron's send_forward_recv_backward), so 1F1B's
-    neighbours never wait on each other's blocking send."""
-    ops = [dist.P2POp(dist.isend, t, peer) for t, peer in sends] + [dist.P2POp(dist.irecv, t, peer) for t, peer in recvs]
+    """One batch of point-to-point ops ((tensor, peer, tag) triples), waited for: a send and a
+    receive in the same batch progress together (Megatron's send_forward_recv_backward), so 1F1B's
+    neighbours never wait on each other's blocking send. The tag names the message (direction,
+    receiving stage, micro-batch): with PP = 2 under interleaving both directions between two ranks
+    carry activations and gradients at once, and gloo matches a receive by peer and tag."""
+    ops = ([dist.P2POp(dist.isend, t, peer, tag=tag) for t, peer, tag in sends]
+           + [dist.P2POp(dist.irecv, t, peer, tag=tag) for t, peer, tag in recvs])
     if ops:
         for w in dist.batch_isend_irecv(ops):
             w.wait()
@@ -250,10 +300,11 @@ class _StageInput(torch.autograd.Function):
 
 
 class _StepOps:
-    """One training step's ops on this rank's stage, the steps of
-    :func:`helpers.pipeline_parallel.run_schedule`: the forward and backward of micro-batch i
-    (FSDP2's per-micro-batch switches set before each backward) and the point-to-point
-    hand-offs, each a batch of sends and receives waited for at once (:func:`_exchange`).
+    """One training step's ops on this rank's stage (or chunks), the steps of
+    :func:`helpers.pipeline_parallel.run_schedule` (and ``run_steps``): the forward and backward of
+    micro-batch i through chunk c (FSDP2's per-micro-batch switches set on the chunk before each
+    backward) and the point-to-point hand-offs, each a batch of sends and receives waited for at
+    once (:func:`_exchange`).
 
     ``held`` keeps the last activation received, activation sent, gradient received and gradient
     sent, each until the next of its kind replaces it (the received activation until the last
@@ -276,81 +327,105 @@ class _StepOps:
         self.loss_context = loss_parallel if (layout.tp > 1 and model.vocab) else nullcontext
         self.inputs, self.outputs, self.grads = {}, {}, []
         self.held = dict.fromkeys(("F in", "F out", "B in", "B out"))
+        self.stages = layout.pp * layout.v  # virtual stages, for the messages' tags
+        self.last_forward = (layout.v - 1, m - 1)  # 1F1B's and interleaved 1F1B's last forward
+
+    def _tag(self, kind: str, virtual: int, i: int) -> int:
+        """The tag of the message that op (kind, virtual stage, micro-batch) receives."""
+        return ((kind == "B") * self.stages + virtual) * self.m + i
 
     def p2p(self, sends, recvs):
         """Allocate a buffer for each receive (none for the first stage's F or the last's B), then
         send and receive in one batch: activations go to the next stage, gradients to the previous."""
-        p = self.parts
+        chunks = self.parts.chunks
         bufs = []
-        for kind, _, _ in recvs:
-            nothing = p.first if kind == "F" else p.last
+        for kind, c, _ in recvs:
+            nothing = chunks[c].first if kind == "F" else chunks[c].last
             bufs.append(None if nothing else torch.empty(self.b, self.s_act, self.model.hidden, dtype=torch.bfloat16))
             self.held[kind + " in"] = bufs[-1]
-        _exchange(sends=[(t, p.next if kind == "F" else p.prev) for kind, _, _, t in sends],
-                  recvs=[(x, p.prev if kind == "F" else p.next) for (kind, _, _), x in zip(recvs, bufs) if x is not None])
+        out = []
+        for kind, c, i, t in sends:
+            ch = chunks[c]
+            to = ch.virtual + 1 if kind == "F" else ch.virtual - 1
+            out.append((t, ch.next if kind == "F" else ch.prev, self._tag(kind, to, i)))
+        _exchange(sends=out, recvs=[(x, chunks[c].prev if kind == "F" else chunks[c].next,
+                                     self._tag(kind, chunks[c].virtual, i))
+                                    for (kind, c, i), x in zip(recvs, bufs) if x is not None])
         return bufs
 
     def forward(self, c: int, i: int, x):
-        """F of micro-batch i: the tokens (first stage) or the received activation through the
-        stage; the loss on the last stage, else the activation to send on."""
-        model, p = self.model, self.parts
-        self.mark("F", i)
-        if p.first and model.vocab:
+        """F of micro-batch i through chunk c: the tokens (first stage) or the received activation
+        through it; the loss on the last stage, else the activation to send on."""
+        model, p, ch = self.model, self.parts, self.parts.chunks[c]
+        self.mark("F", i, c)
+        if ch.first and model.vocab:
             x = torch.randint(0, model.vocab, (self.b, self.s_local))
-        elif p.first:  # hidden states in, as from an embedding: they need a gradient too, or FSDP
+        elif ch.first:  # hidden states in, as from an embedding: they need a gradient too, or FSDP
             # would reduce the first block's gradients only at the very end of backward
             x = _StageInput.apply(torch.randn(self.b, self.s_act, model.hidden), p.anchor, [])
         else:
             x = _StageInput.apply(x, p.anchor, self.grads)
-        self.inputs[i] = x
-        out = p.stage(x, self.positions)
-        if p.last:
+        self.inputs[c, i] = x
+        out = ch.stage(x, self.positions)
+        if ch.last:
             with self.loss_context():
                 labels = torch.randint(0, model.vocab, (self.b, self.s_local)) if model.vocab else None
                 out = loss(out, labels, self.loss_dtype)
-        self.outputs[i] = out
-        self.held["F out"] = y = None if p.last else out.detach()
-        if i == self.m - 1:
+        self.outputs[c, i] = out
+        self.held["F out"] = y = None if ch.last else out.detach()
+        if (c, i) == self.last_forward:
             self.held["F in"] = None
         return y
 
     def backward(self, c: int, i: int, g):
-        """B of micro-batch i from the received gradient ``g`` (the loss on the last stage); returns
-        the gradient of the stage's input, to send back (None on the first stage)."""
-        stage, m = self.parts.stage, self.m
-        self.mark("B", i)
+        """B of micro-batch i through chunk c from the received gradient ``g`` (the loss on the last
+        stage); returns the gradient of the chunk's input, to send back (None on the first stage)."""
+        ch, m = self.parts.chunks[c], self.m
+        stage = ch.stage
+        self.mark("B", i, c)
         stage.set_is_last_backward(i == m - 1)
         if self.zero in (1, 2):
             stage.set_reshard_after_backward(i == m - 1)
         if self.zero in (0, 1):
             stage.set_requires_gradient_sync(i == m - 1)
-        out = self.outputs.pop(i)
-        if self.parts.last:
+        out = self.outputs.pop((c, i))
+        if ch.last:
             with self.loss_context():
                 out.backward()
         else:
             torch.autograd.backward(out, grad_tensors=g)
-        self.inputs.pop(i)
-        self.held["B out"] = dx = None if self.parts.first else self.grads.pop()
+        self.inputs.pop((c, i))
+        self.held["B out"] = dx = None if ch.first else self.grads.pop()
         return dx
 
 
 def run_step(model, layout, parts: StageParts, m: int, *, on_boundary=None, warm: int | None = None,
              loss_dtype: str = "float32"):
     """One training step of this rank: ``m`` micro-batches in 1F1B order (warm-up forwards, steady
-    forward/backward pairs, cool-down backwards, as Megatron's non-interleaved schedule), then the
-    optimizer step. ``on_boundary(kind, i)`` (optional) is called before each forward ('F', i)
-    and backward ('B', i), before the optimizer step ('opt', m) and at the end ('end', m):
-    :mod:`helpers.fake_world` reads its counters there. ``warm`` replaces the warm-up length
-    (1F1B's, min(PP - stage - 1, m)): the fake world passes the one of the real step's m
-    micro-batches, which its shortened traces (fewer steady iterations) keep whole. ``loss_dtype``:
-    the dtype the last stage's loss is computed in (:func:`helpers.fake_world.recipes.loss`)."""
-    mark = on_boundary or (lambda kind, i: None)
+    forward/backward pairs, cool-down backwards, as Megatron's non-interleaved schedule) or, with
+    ``layout.v > 1``, in Megatron's interleaved 1F1B order over the rank's chunks
+    (:func:`helpers.pipeline_schedule.interleaved_steps`, run by
+    :func:`helpers.pipeline_parallel.run_steps`), then the optimizer step (each chunk's).
+    ``on_boundary(kind, i, c)`` (optional) is called before each forward ('F', i, c) and backward
+    ('B', i, c) of micro-batch i through chunk c, before the optimizer step ('opt', m, 0) and at
+    the end ('end', m, 0): :mod:`helpers.fake_world` reads its counters there. ``warm`` replaces
+    the warm-up length (1F1B's, min(PP - stage - 1, m)): the fake world passes the one of the real
+    step's m micro-batches, which its shortened traces (fewer steady iterations) keep whole; under
+    interleaving a shortened trace keeps it without (refused). ``loss_dtype``: the dtype the last
+    stage's loss is computed in (:func:`helpers.fake_world.recipes.loss`)."""
+    mark = on_boundary or (lambda kind, i, c: None)
     ops = _StepOps(model, layout, parts, m, mark, loss_dtype)  # held until the step ends (see its ``held``)
-    run_schedule(one_f_one_b(layout.pp, m, parts.coords["pp"], warm=warm), ops, paired=True)
-    mark("opt", m)
-    parts.opt.step()
-    mark("end", m)
+    if layout.v == 1:
+        run_schedule(one_f_one_b(layout.pp, m, parts.coords["pp"], warm=warm), ops, paired=True)
+    elif warm is not None and warm != interleaved_warmup(layout.pp, m, layout.v, parts.coords["pp"]):
+        raise ValueError(f"warm={warm}: an interleaved step runs its own warm-up, "
+                         f"{interleaved_warmup(layout.pp, m, layout.v, parts.coords['pp'])} forwards")
+    else:
+        run_steps(interleaved_steps(layout.pp, m, layout.v, parts.coords["pp"]), ops)
+    mark("opt", m, 0)
+    for opt in parts.opts:
+        opt.step()
+    mark("end", m, 0)
 
 
 def memtracker_class():
@@ -446,13 +521,14 @@ def memtracker_class():
             for g in grads:
                 self._update_and_maybe_create_winfos(g, MemRefType.GRAD)
 
-        # (first block, last block, callback(part)): where a forward or backward enters and leaves
-        # the stage's blocks, set by _measure (its parts of a phase: "head", "layers", "tail")
+        # (ids of the first blocks, ids of the last blocks, callback(part)): where a forward or
+        # backward enters and leaves a chunk's blocks, set by _measure (the parts of a phase: "head",
+        # "layers", "tail")
         block_bounds = None
 
         def _enter_part(self, module, part, first_or_last):
             b = self.block_bounds
-            if b is not None and module is b[first_or_last]:
+            if b is not None and id(module) in b[first_or_last]:
                 b[2](part)
 
         def _pre_fw_hook(self, module, inputs):
@@ -806,20 +882,21 @@ def _measure(model, layout, parts, m, *, init, boundaries, t0, warm, op_log=None
 
     parts.materialize(init, optimizer)
     tracker = memtracker_class()()
-    tracker.track_external(parts.stage, parts.opt)
+    tracker.track_external(*parts.modules(), *parts.opts)
     flops = flop_counter()
     flops.op_log = op_log
     marks, phases, part_phases, current = [], {}, {}, ["start", "head"]
 
     def close_phase():
         """Keep the peak of the stretch since the last boundary under its kind (forward, backward,
-        optimizer) and under its part of that kind (``"forward layers"``...: before the stage's
+        optimizer) and under its part of that kind (``"forward layers"``...: before the chunk's
         blocks, in them, after them), and start a new stretch: each part's peak grows linearly with
         the layers and the micro-batches in flight, and the step's peak is the largest of them
         (a kind's peak can move from one part to another as layers are added: the loss's logits
         at the start of a short stage's backward, the embedding's gradient at its end). The
         gradients made in the stretch are filed first (their bytes in the peak too)."""
-        tracker.file_gradients(parts.stage)
+        for stage in parts.modules():
+            tracker.file_gradients(stage)
         snap = _categories(tracker.get_tracker_snapshot("peak"))
         for key, store in ((current[0], phases), (" ".join(current), part_phases)):
             if key not in store or snap["total"] > store[key]["total"]:
@@ -830,16 +907,17 @@ def _measure(model, layout, parts, m, *, init, boundaries, t0, warm, op_log=None
         close_phase()
         current[1] = part
 
-    blocks = list(parts.stage.layers.values())
-    tracker.block_bounds = (blocks[0], blocks[-1], enter_part) if blocks else None
+    # each chunk's first and last block: where its forward and backward enter and leave its blocks
+    blocks = [list(stage.layers.values()) for stage in parts.modules()]
+    tracker.block_bounds = ({id(b[0]) for b in blocks if b}, {id(b[-1]) for b in blocks if b}, enter_part)
 
-    def mark(kind, i):
+    def mark(kind, i, c):
         close_phase()
         current[:] = [{"F": "forward", "B": "backward", "opt": "optimizer", "end": "end"}[kind], "head"]
-        if op_log is not None:
-            op_log.start(kind, i, len(log.ops))
+        if op_log is not None:  # the chunk only under interleaving (a plain 1F1B trace's phases are as before)
+            op_log.start(kind, i, len(log.ops), c if layout.v > 1 else None)
         if boundaries:
-            marks.append((kind, i, len(log.ops), flops.get_total_flops()))
+            marks.append((kind, c, i, len(log.ops), flops.get_total_flops()))
 
     # the tracker records the communication for the log (the same ops, in the same order, as a
     # CommLog mode between the FLOP counter and the tracker would see: that mode passes every op on)
@@ -854,7 +932,9 @@ def _measure(model, layout, parts, m, *, init, boundaries, t0, warm, op_log=None
     axes, fsdp_axis = _axes(parts), parts.dp_mesh.mesh_dim_names[0]
     ops = [(o.op, o.bytes, o.group_size, fsdp_axis if i in tracker.fsdp_ops else axes.get(o.group, "?"))
            for i, o in enumerate(log.ops)]
-    return {"peak": peak, "phases": phases, "part_phases": part_phases, "held": held, "reserve": reserve, "ops": ops, "op_log": op_log,
+    p2p = [(o.op, o.peer) for o in log.ops if o.op in ("send", "recv")]  # with the global rank at the other end
+    return {"peak": peak, "phases": phases, "part_phases": part_phases, "held": held, "reserve": reserve, "ops": ops,
+            "p2p": p2p, "op_log": op_log,
             "flops": flops.get_total_flops(), "marks": marks, "layers": len(parts.layer_ids),
             "coords": parts.coords, "wall_s": time.perf_counter() - t0}
 

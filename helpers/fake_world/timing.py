@@ -46,7 +46,11 @@ and ``base`` from NCCL's own latency model (``tuning.cc``, Ring/Simple). A send 
   arrived: a hand-off (``alpha + bytes / bandwidth`` of the traced activation) after the previous
   stage's forward, or the next stage's backward. The step is the last stage-0 backward's end plus
   the optimizer. The bubble is that timeline with free hand-offs minus the stage's own busy time;
-  the hand-off cost is what the hand-offs add to it.
+  the hand-off cost is what the hand-offs add to it. Under interleaved 1F1B (``v`` chunks per
+  rank) the same in Megatron-LM's interleaved order (:func:`interleaved_time`): every rank's chunk
+  c takes this rank's chunk c's phase times, and every virtual stage hands on to the next rank
+  (the last rank's chunk c to the first rank's chunk c + 1). With equal times the bubble is
+  Narayanan et al.'s (p - 1)/(v m) of the busy time.
 
 Not modelled: kernel launch gaps, fused kernels (the trace is eager PyTorch, unfused norms and
 activations), compute slowed by concurrent communication, network contention between axes, NCCL's
@@ -85,15 +89,16 @@ class OpLog:
     calls :meth:`start` at each boundary, the counter :meth:`record` for each op).
 
     ``phases``: one list per phase, ``[kind, micro-batch, index of its first collective in the
-    CommLog, {op key: count}, bytes of memory-bound ops]``; an op key is ``("mm", batch, M, N, K,
+    CommLog, {op key: count}, bytes of memory-bound ops]`` and, under interleaved 1F1B, the
+    chunk; an op key is ``("mm", batch, M, N, K,
     bytes per element, bytes moved)`` for a matrix multiply, ``("flops", FLOPs, bytes moved)`` for
     any other op PyTorch's FLOP table counts (attention). Shapes only: no tensor is kept."""
 
     def __init__(self):
         self.phases = [["start", 0, 0, {}, 0]]
 
-    def start(self, kind: str, i: int, comm_index: int) -> None:
-        self.phases.append([kind, i, comm_index, {}, 0])
+    def start(self, kind: str, i: int, comm_index: int, chunk: int | None = None) -> None:
+        self.phases.append([kind, i, comm_index, {}, 0] + ([] if chunk is None else [chunk]))
 
     def record(self, func, args, out, flop_registry) -> None:
         if func.namespace in SKIPPED_NAMESPACES or func.is_view:
@@ -119,7 +124,8 @@ class OpLog:
 def trace_phases(op_log: OpLog, comm_ops) -> list:
     """The op log and the trace's collectives ((kind, bytes, group size, axis) per call) as one
     dict per phase: ``kind`` (start, F, B, opt, end), ``i``, ``ops`` ({op key: count}), ``mem``
-    (bytes of memory-bound ops) and ``comm`` ({(kind, axis, group size): [calls, bytes]})."""
+    (bytes of memory-bound ops) and ``comm`` ({(kind, axis, group size): [calls, bytes]}); under
+    interleaved 1F1B also ``c``, the chunk of an F or B (0 for the others)."""
     out = []
     starts = [p[2] for p in op_log.phases[1:]] + [len(comm_ops)]
     for p, end in zip(op_log.phases, starts):
@@ -128,7 +134,8 @@ def trace_phases(op_log: OpLog, comm_ops) -> list:
             row = comm.setdefault((kind, axis, g), [0, 0])
             row[0] += 1
             row[1] += nbytes
-        out.append({"kind": p[0], "i": p[1], "ops": dict(p[3]), "mem": p[4], "comm": comm})
+        out.append({"kind": p[0], "i": p[1], "ops": dict(p[3]), "mem": p[4], "comm": comm,
+                    **({"c": p[5]} if len(p) > 5 else {})})
     return out
 
 
@@ -137,14 +144,20 @@ def repeat_steady(phases: list, first: int, second: int, extra: int) -> list:
     ``second``) repeated ``extra`` more times after it (the iterations a shortened trace left out);
     micro-batches renumbered in order."""
     at = lambda i: next(j for j, p in enumerate(phases) if p["kind"] == "F" and p["i"] == i)
-    a, b = at(first), at(second)
+    return repeat_phases(phases, at(first), at(second), extra)
+
+
+def repeat_phases(phases: list, a: int, b: int, extra: int) -> list:
+    """The phases with ``phases[a:b]`` repeated ``extra`` more times after it; the micro-batches of
+    each kind (and chunk, under interleaving) renumbered in order."""
     out = phases[:b] + [dict(p) for p in phases[a:b]] * extra + phases[b:]
-    n = {"F": 0, "B": 0}
+    n = {}
     renumbered = []
     for p in out:
-        if p["kind"] in n:
-            p = {**p, "i": n[p["kind"]]}
-            n[p["kind"]] += 1
+        if p["kind"] in ("F", "B"):
+            key = (p["kind"], p.get("c"))
+            p = {**p, "i": n.get(key, 0)}
+            n[key] = p["i"] + 1
         renumbered.append(p)
     return renumbered
 
@@ -152,7 +165,7 @@ def repeat_steady(phases: list, first: int, second: int, extra: int) -> list:
 def line(pa: list, pb: list, x0: int, x: int) -> list:
     """Phases of a stage of ``x`` layers on the line through traces of ``x0`` (``pa``) and
     ``x0 + 1`` (``pb``) layers: every count and byte figure extrapolated, key by key."""
-    if [p["kind"] for p in pa] != [p["kind"] for p in pb]:
+    if [(p["kind"], p.get("c")) for p in pa] != [(p["kind"], p.get("c")) for p in pb]:
         raise ValueError("the two traces ran different schedules: their phases cannot be extrapolated")
     f = lambda a, b: round(a + (x - x0) * (b - a))
     out = []
@@ -161,7 +174,8 @@ def line(pa: list, pb: list, x0: int, x: int) -> list:
         comm = {k: [f(u, v) for u, v in zip(a["comm"].get(k, (0, 0)), b["comm"].get(k, (0, 0)))]
                 for k in set(a["comm"]) | set(b["comm"])}
         out.append({"kind": a["kind"], "i": a["i"], "ops": {k: c for k, c in ops.items() if c > 0},
-                    "mem": f(a["mem"], b["mem"]), "comm": {k: r for k, r in comm.items() if r[0] > 0}})
+                    "mem": f(a["mem"], b["mem"]), "comm": {k: r for k, r in comm.items() if r[0] > 0},
+                    **({"c": a["c"]} if "c" in a else {})})
     return out
 
 
@@ -362,6 +376,40 @@ def one_f_one_b_time(p: int, fwd: list, bwd: list, handoff_s: float = 0.0) -> fl
     return max(free)
 
 
+def interleaved_time(p: int, v: int, fwd: dict, bwd: dict, handoff_s: float = 0.0) -> float:
+    """End of the last backward of an interleaved 1F1B step (Megatron-LM's order,
+    :func:`helpers.pipeline_schedule.op_orders`) on ``p`` ranks of ``v`` chunks: the forward of
+    micro-batch i through chunk c takes ``fwd[(c, i)]`` on every rank and its backward ``bwd[(c, i)]``;
+    an op starts when its rank is free and its input has arrived (:func:`helpers.pipeline_schedule.dependencies`:
+    the previous virtual stage's forward, the next one's backward, the last stage's own forward),
+    ``handoff_s`` after the op it depends on when that ran on another rank."""
+    from ..pipeline_schedule import dependencies, op_orders
+
+    if set(fwd) != set(bwd) or len(fwd) % v:
+        raise ValueError("one forward and one backward time per chunk and micro-batch")
+    m = len(fwd) // v
+    orders = op_orders("interleaved", p, m, v)
+    done, nxt, free = {}, [0] * p, [0.0] * p
+    remaining = sum(len(o) for o in orders)
+    while remaining:
+        progressed = False
+        for d in range(p):
+            while nxt[d] < len(orders[d]):
+                kind, c, i = orders[d][nxt[d]]
+                deps = dependencies(kind, d, c, i, p, v)
+                if any(dep not in done for dep in deps):
+                    break
+                ready = max((done[dep] + (handoff_s if dep[1] != d else 0.0) for dep in deps), default=0.0)
+                start = max(free[d], ready)
+                free[d] = done[(kind, d, c, i)] = start + (fwd if kind == "F" else bwd)[(c, i)]
+                nxt[d] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:  # pragma: no cover - the interleaved orders never deadlock
+            raise RuntimeError("the interleaved 1F1B timeline deadlocked")
+    return max(free)
+
+
 # ---- the result ------------------------------------------------------------------------------------------
 
 @dataclass
@@ -439,7 +487,7 @@ def step_time(step, device: str = "h100_sxm", *, network: str | None = None, dev
         return s
 
     parts = dict.fromkeys(("compute", "exposed TP", "exposed CP", "exposed DP", "bubble", "PP hand-off"), 0.0)
-    dp_total, fwd, bwd, outside = 0.0, [], [], 0.0
+    dp_total, fwd, bwd, outside = 0.0, {}, {}, 0.0
     handoff, sends = 0.0, 0
     for ph in step.timing:
         c = compute_of(ph)
@@ -469,20 +517,24 @@ def step_time(step, device: str = "h100_sxm", *, network: str | None = None, dev
         parts["exposed CP"] += crit["cp"]
         parts["exposed DP"] += dp_exp
         t = c + crit["tp"] + crit["cp"] + dp_exp
-        if ph["kind"] == "F":
-            fwd.append(t)
-        elif ph["kind"] == "B":
-            bwd.append(t)
+        if ph["kind"] in ("F", "B"):
+            (fwd if ph["kind"] == "F" else bwd)[(ph.get("c", 0), ph["i"])] = t
         else:
             outside += t
-    if len(fwd) != step.micro_batches or len(bwd) != step.micro_batches:
+    v = lay.v
+    if len(fwd) != step.micro_batches * v or len(bwd) != step.micro_batches * v:
         raise ValueError(f"the trace has {len(fwd)} forwards and {len(bwd)} backwards for {step.micro_batches} "
-                         "micro-batches")
+                         f"micro-batches" + (f" through {v} chunks" if v > 1 else ""))
     h = handoff / sends if sends else 0.0
     p = lay.pp
-    busy = sum(fwd) + sum(bwd)
-    free_handoffs = one_f_one_b_time(p, fwd, bwd, 0.0)
-    timeline = one_f_one_b_time(p, fwd, bwd, h)
+    busy = sum(fwd.values()) + sum(bwd.values())
+    if v == 1:
+        fwd, bwd = [fwd[0, i] for i in range(len(fwd))], [bwd[0, i] for i in range(len(bwd))]
+        free_handoffs = one_f_one_b_time(p, fwd, bwd, 0.0)
+        timeline = one_f_one_b_time(p, fwd, bwd, h)
+    else:
+        free_handoffs = interleaved_time(p, v, fwd, bwd, 0.0)
+        timeline = interleaved_time(p, v, fwd, bwd, h)
     parts["bubble"] = free_handoffs - busy
     parts["PP hand-off"] = timeline - free_handoffs
     total = timeline + outside
@@ -490,8 +542,10 @@ def step_time(step, device: str = "h100_sxm", *, network: str | None = None, dev
     tokens = lay.dp * lay.micro_batch * step.micro_batches * model.seq_len
     world = step.world_size
     mfu = model.flops_per_token() * tokens / (world * dev.peak * total)
-    if p > 1:
+    if p > 1 and v == 1:
         notes.append("every pipeline stage is taken to run this rank's stage's times")
+    elif p > 1:
+        notes.append("every pipeline rank is taken to run this rank's chunks' times (its chunk c's on every chunk c)")
     plan = _planner(step, dev.name, network, devices_per_node) if planner and hardware is None else None
     return StepTime(device=dev.name, layout=step.layout, step_s=total, tokens_per_s_per_gpu=tokens / world / total,
                     mfu=mfu, hfu=step.flops / (dev.peak * total), breakdown=parts, dp_total_s=dp_total, links=links,
@@ -505,6 +559,15 @@ LLAMA_SHAPES = {  # Meta's published configurations (model cards / params.json):
     "llama3.1_8b": (32, 4096, 32, 8, 14336), "llama3.1_70b": (80, 8192, 64, 8, 28672),
     "llama3.1_405b": (126, 16384, 128, 8, 53248), "llama3_405b": (126, 16384, 128, 8, 53248)}
 _NOT_EAGER_BF16 = ("float8", "torch.compile", "async tp")
+# FSDP2's float8 all-gather (issue 26): torch 2.13 has the hook (a sharded parameter's tensor subclass may
+# define fsdp_pre_all_gather / fsdp_post_all_gather, torch/distributed/fsdp/_fully_shard/_fsdp_param.py) but
+# no float8 weight type to use it; torchao's WeightWithDynamicFloat8CastTensor is one (a new dependency)
+FLOAT8_ALL_GATHER = ("FSDP2's float8 all-gather of the weights (torchao's float8 weight tensor through FSDP2's "
+                     "fsdp_pre_all_gather hook; torch 2.13 alone has the hook, no float8 weight type): each unit's "
+                     "weights gathered in 1 byte instead of 2, halving the all-gather bytes (ZeRO-3: every forward "
+                     "and backward; ZeRO-1/2: once a step) and the unsharded weight buffers they fill (a unit and its "
+                     "prefetched neighbour), plus one FP32 scale per tensor (an all-reduce of the amax); gradients "
+                     "still reduced in FP32 or BF16, the FP32 master and moments unchanged")
 
 
 def _number(pattern: str, text: str):
@@ -514,10 +577,12 @@ def _number(pattern: str, text: str):
     return int(hit.group(1).replace(",", "")) if hit else None
 
 
-def express(run):
+def express(run, shapes: dict | None = None):
     """A published run (:class:`helpers.published.ThroughputRun`) as what the fake world runs:
     ``(model, layout, simulate options, device, published MFU, which of our figures it is
-    compared with)``, or the reason it cannot be expressed (a str)."""
+    compared with)``, or the reason it cannot be expressed (a str). ``shapes``: model name -> the
+    text of another row of the same model that states its shapes (:func:`model_shapes`), for a row
+    that does not (Korthikanti et al.'s 530B at DP 8 is their Table 3's 530B)."""
     from ..planner import Layout, Model
 
     L = run.layout
@@ -527,11 +592,13 @@ def express(run):
     text = " ".join(x or "" for x in (L.precision, L.other, run.notes)).lower()
     tricks = [t for t in _NOT_EAGER_BF16 if t in text]
     if tricks:
-        return f"uses {', '.join(tricks)}: the trace is eager BF16 PyTorch"
+        why = f"uses {', '.join(tricks)}: the trace is eager BF16 PyTorch"
+        return why + (f"; not traced: {FLOAT8_ALL_GATHER}" if "float8 all-gather" in text else "")
     if L.recompute not in ("none", "full"):
         return f"recompute {L.recompute!r}: the fake world traces none or full"
-    if L.pp_schedule and "interleaved" in L.pp_schedule.lower():
-        return "interleaved 1F1B: the fake world runs plain 1F1B (v = 1)"
+    v = stages_per_rank(L.pp_schedule)
+    if isinstance(v, str):
+        return v
     need = {k: getattr(L, k) for k in ("dp_shard", "dp_replicate", "tp", "pp", "cp", "local_batch", "seq_len")}
     if any(v is None for v in need.values()):
         return f"unstated: {', '.join(k for k, v in need.items() if v is None)}"
@@ -548,7 +615,9 @@ def express(run):
                       seq_len=L.seq_len, vocab=128256)
     else:
         text = " ".join(x or "" for x in (L.other, run.notes))
-        h, layers, a = _number(r"hidden ([\d,]+)", text), _number(r"([\d,]+) layers", text), _number(r"([\d,]+) heads", text)
+        if _shapes_of(text) is None and L.model in (shapes or {}):
+            text = shapes[L.model]
+        h, layers, a = _shapes_of(text) or (None, None, None)
         if None in (h, layers, a):
             return f"model {L.model!r}: its shapes (hidden, layers, heads) are not in the row"
         model = Model(L.model, layers=layers, hidden=h, heads=a, ffn=4 * h, seq_len=L.seq_len,
@@ -558,14 +627,56 @@ def express(run):
         return f"local batch {L.local_batch} is not a multiple of {m} micro-batches"
     dp = L.dp_shard * L.dp_replicate
     zero = 0 if L.dp_shard == 1 else 2
-    layout = Layout(dp=dp, tp=L.tp, pp=L.pp, cp=L.cp, zero=zero, micro_batch=L.local_batch // m,
+    if v > 1 and m % L.pp:
+        return f"interleaved 1F1B needs the micro-batches to be a multiple of PP = {L.pp}: {m}"
+    layout = Layout(dp=dp, tp=L.tp, pp=L.pp, cp=L.cp, zero=zero, micro_batch=L.local_batch // m, v=v,
                     recompute=L.recompute, sequence_parallel="no sequence parallelism" not in text.lower())
     sim = {"micro_batches": m, "trace_layers": 2}
-    if L.pp > 1 and model.layers % L.pp:
+    if v > 1:  # the interleaved warm-up, traced whole, is (v + 1) PP forwards long: allowed, as a benchmark would
+        sim["max_layer_passes"] = INTERLEAVED_MAX_LAYER_PASSES
+    if L.pp > 1 and model.layers % (L.pp * v):
         from . import uneven_stages
 
-        sim["stages"] = uneven_stages(model.layers, L.pp)
+        sim["stages"] = uneven_stages(model.layers, L.pp * v)
     return model, layout, sim, dev, mfu, ours
+
+
+def _shapes_of(text: str):
+    """(hidden, layers, heads) a row's text states, or None."""
+    found = _number(r"hidden ([\d,]+)", text), _number(r"([\d,]+) layers", text), _number(r"([\d,]+) heads", text)
+    return None if None in found else found
+
+
+def model_shapes(runs) -> dict:
+    """Model name -> the text (``other`` and ``notes``) of the first row of that model stating its
+    hidden size, layers and heads, for :func:`express`."""
+    out = {}
+    for run in runs:
+        text = " ".join(x or "" for x in (run.layout.other, run.notes))
+        if _shapes_of(text) is not None:
+            out.setdefault(run.layout.model, text)
+    return out
+
+
+INTERLEAVED_MAX_LAYER_PASSES = 2000  # an interleaved published run's trace: up to about 2 minutes here
+
+
+def stages_per_rank(schedule: str | None):
+    """A published run's chunks per pipeline rank (1: plain 1F1B or no pipeline) from its
+    ``pp_schedule`` column, or the reason it gives none (a str): an interleaved schedule must say
+    "<v> stages per rank", v >= 2 (its bubble, (p - 1)/(v m), and its hand-offs depend on v)."""
+    import re
+
+    text = (schedule or "").lower()
+    if not re.search(r"(?<!non-)interleaved", text):  # "1F1B (non-interleaved, ...)" is plain 1F1B
+        return 1
+    hit = re.search(r"(\d+) stages per rank", text)
+    if hit is None:
+        return (f"interleaved 1F1B with the stages per rank (v) unstated ({schedule!r}): the bubble, (p - 1)/(v m), "
+                "the hand-offs and the activations in flight depend on v")
+    if int(hit.group(1)) < 2:
+        return f"the schedule {schedule!r} says interleaved but holds {hit.group(1)} stage per rank (plain 1F1B)"
+    return int(hit.group(1))
 
 
 def compare_published(runs, simulate=None) -> dict:
@@ -576,8 +687,10 @@ def compare_published(runs, simulate=None) -> dict:
     if simulate is None:
         from . import simulate
     rows, cannot = [], []
+    runs = list(runs)
+    shapes = model_shapes(runs)
     for run in runs:
-        e = express(run)
+        e = express(run, shapes)
         if isinstance(e, str):
             cannot.append((run.id, e))
             continue
@@ -611,8 +724,10 @@ def with_micro_batches(step, micro_batches: int):
     ``micro_batches`` micro-batches per step, more than it ran: its trace's steady 1F1B iteration
     (one forward and one backward) repeated, as :func:`helpers.fake_world.simulate` itself extends
     a shortened trace, so that one trace gives a sweep of micro-batch counts (12.2.2: the bubble
-    against m; P.13: strong scaling at a fixed global batch). The timing trace, the micro-batch
-    count and the FLOPs change; the memory peak and the ``comm`` table stay the traced step's."""
+    against m; P.13: strong scaling at a fixed global batch); an interleaved trace by whole rounds
+    of PP x V steady iterations (:func:`_with_rounds`: m stays a multiple of PP). The timing trace,
+    the micro-batch count and the FLOPs change; the memory peak and the ``comm`` table stay the
+    traced step's."""
     from dataclasses import replace
 
     from .. import validate
@@ -625,6 +740,8 @@ def with_micro_batches(step, micro_batches: int):
                          "a trace can be extended, not cut")
     if m == step.micro_batches:
         return step
+    if step.layout_spec is not None and step.layout_spec.v > 1:
+        return _with_rounds(step, m)
     kinds = [p["kind"] for p in step.timing]
     warm = kinds[:kinds.index("B")].count("F") - 1  # forwards before the first backward, less the steady one
     if step.micro_batches < warm + 3:
@@ -635,3 +752,28 @@ def with_micro_batches(step, micro_batches: int):
     at = [j for j, p in enumerate(step.timing) if p["kind"] == "F" and p["i"] in (warm + 1, warm + 2)]
     added = extra * sum(phase_flops(p) for p in step.timing[at[0]:at[1]])
     return replace(step, timing=phases, micro_batches=m, flops=step.flops + added)
+
+
+def _with_rounds(step, m: int):
+    """:func:`with_micro_batches` for an interleaved 1F1B trace: whole rounds of PP x V steady
+    iterations (the period of the order, PP more micro-batches each) repeated, the round that
+    :func:`helpers.fake_world.simulate` itself repeats (the second: no first forward or backward of a
+    micro-batch, no chunk's last backward)."""
+    from dataclasses import replace
+
+    from ..pipeline_schedule import interleaved_unit, interleaved_warmup
+
+    p, v, m0 = step.layout_spec.pp, step.layout_spec.v, step.micro_batches
+    if (m - m0) % p:
+        raise ValueError(f"interleaved 1F1B runs a multiple of PP = {p} micro-batches: {m} is not")
+    warm, rnd = interleaved_warmup(p, m0, v, step.coords["pp"]), p * v
+    if m0 == p or 2 * rnd + warm >= m0 * v:
+        raise ValueError(f"the trace's {m0} micro-batches have no steady round of PP x V = {rnd} iterations between "
+                         f"the first and the last to repeat (needs {3 * p if warm < rnd else 4 * p}): simulate more "
+                         "micro-batches")
+    at = lambda k: next(j for j, ph in enumerate(step.timing)
+                        if (ph["kind"], ph.get("c"), ph["i"]) == ("F", *interleaved_unit(p, v, k, True)))
+    a, b = at(rnd + warm), at(2 * rnd + warm)
+    times = (m - m0) // p
+    added = times * sum(phase_flops(ph) for ph in step.timing[a:b])
+    return replace(step, timing=repeat_phases(step.timing, a, b, times), micro_batches=m, flops=step.flops + added)
