@@ -98,6 +98,26 @@ def test_1f1b_timeline_and_bubble_by_hand():
     assert timing.one_f_one_b_time(1, [1.0, 1.0], [2.0, 2.0]) == 6
 
 
+def test_a_backwards_gradient_reduction_holds_its_own_stage_not_the_previous_one():
+    """The last 1.5 s of the last backward (its gradient sync) come after its input gradient has left.
+    2 stages, m = 2, F 1, B 2: stage 0 F0 [0,1] F1 [1,2]; stage 1 F0 [1,2] B0 [2,4] F1 [4,5] B1 [5,7],
+    its gradient leaving at 5.5; stage 0 B0 [4,6], B1 [6,8]: 8. Counted whole on the hand-off path,
+    stage 0's B1 would wait for 7: 9, the sync once more for every stage the pipeline drains through."""
+    assert timing.one_f_one_b_time(2, [1.0] * 2, [2.0] * 2, 0.0, [0.0, 1.5]) == 8
+    assert timing.one_f_one_b_time(2, [1.0] * 2, [2.0] * 2, 0.0) == 9
+    assert timing.one_f_one_b_time(2, [1.0] * 2, [2.0] * 2, 0.0, [0.0, 0.0]) == 9
+    assert timing.one_f_one_b_time(1, [1.0] * 2, [2.0] * 2, 0.0, [0.0, 1.5]) == 6  # one stage: all of it
+
+
+def test_the_bubble_does_not_grow_with_the_gradient_sync():
+    """ZeRO-0 on 2 stages reduces its gradients in the last backward only: a slower network makes the
+    exposed sync longer, and the bubble stays as it is (the sync is no longer replayed down the pipeline)."""
+    step = fw.simulate(TINY, Layout(dp=2, pp=2, zero=0), micro_batches=4)
+    fast, slow = (fw.step_time(step, devices_per_node=1, network=n) for n in ("infiniband_ndr_400", "infiniband_hdr_200"))
+    assert slow.breakdown["exposed DP"] > fast.breakdown["exposed DP"] > 0
+    assert slow.breakdown["bubble"] == pytest.approx(fast.breakdown["bubble"], rel=1e-12)
+
+
 def test_interleaved_timeline_and_bubble_by_hand():
     # equal times, chunk forward 1 and backward 2, free hand-offs: Narayanan et al.'s bubble, (p - 1)/(v m)
     # of the busy time 3 v m (12.2.2): 2 ranks x 2 chunks, m = 4: 24 + 3; 4 x 2, m = 8: 48 + 9; m = p

@@ -44,7 +44,14 @@ and ``base`` from NCCL's own latency model (``tuning.cc``, Ring/Simple). A send 
 * The pipeline: 1F1B on ``p`` stages, every stage taking this rank's phase times (stages are
   assumed equal), each forward and backward starting when its stage is free and its input has
   arrived: a hand-off (``alpha + bytes / bandwidth`` of the traced activation) after the previous
-  stage's forward, or the next stage's backward. The step is the last stage-0 backward's end plus
+  stage's forward, or the next stage's backward. A backward's exposed gradient reductions (its
+  reduce-scatters and all-reduces) come after its input gradient has left: they hold its own
+  stage, not the previous one, which the gradient reaches at the end of the backward's compute,
+  TP and CP and gathers. Real pipelines order it so: torch.distributed.pipelining reduces FSDP's
+  gradients after a stage's last backward send (``perform_reduce_grad``, torch 2.13), Megatron-LM
+  after the flush (``finalize_model_grads``). (Counted in the hand-off path, the last backward's
+  gradient sync was replayed on every stage as the pipeline drained: 12.2.2's 175B on 8 stages
+  read a bubble of 35 s at every micro-batch count.) The step is the last stage-0 backward's end plus
   the optimizer. The bubble is that timeline with free hand-offs minus the stage's own busy time;
   the hand-off cost is what the hand-offs add to it. Under interleaved 1F1B (``v`` chunks per
   rank) the same in Megatron-LM's interleaved order (:func:`interleaved_time`): every rank's chunk
@@ -341,15 +348,18 @@ def exposed_overlapped(calls: int, each_s: float, compute_s: float) -> float:
 
 # ---- the 1F1B timeline ----------------------------------------------------------------------------------
 
-def one_f_one_b_time(p: int, fwd: list, bwd: list, handoff_s: float = 0.0) -> float:
+def one_f_one_b_time(p: int, fwd: list, bwd: list, handoff_s: float = 0.0, bwd_tail: list | None = None) -> float:
     """End of the last backward of a 1F1B step on ``p`` equal stages: micro-batch i's forward
     takes ``fwd[i]`` and its backward ``bwd[i]`` on every stage; a forward starts when its stage
     is free and the previous stage's forward of the same micro-batch ended ``handoff_s`` before,
-    a backward likewise after the next stage's backward (the last stage's after its own forward)."""
+    a backward likewise after the next stage's backward (the last stage's after its own forward).
+    ``bwd_tail[i]``: the last seconds of ``bwd[i]`` that come after its input gradient has left for
+    the previous stage (its gradients' reduction: module docstring), which hold its own stage only."""
     from ..pipeline_schedule import one_f_one_b
 
     m = len(fwd)
-    if len(bwd) != m:
+    tail = [0.0] * m if bwd_tail is None else list(bwd_tail)
+    if len(bwd) != m or len(tail) != m:
         raise ValueError("one forward and one backward time per micro-batch")
     if p == 1:
         return sum(fwd) + sum(bwd)
@@ -367,7 +377,8 @@ def one_f_one_b_time(p: int, fwd: list, bwd: list, handoff_s: float = 0.0) -> fl
                     break
                 ready = 0.0 if dep is None else done[dep] + (handoff_s if dep[1] != d else 0.0)
                 start = max(free[d], ready)
-                free[d] = done[(kind, d, i)] = start + (fwd[i] if kind == "F" else bwd[i])
+                free[d] = start + (fwd[i] if kind == "F" else bwd[i])
+                done[(kind, d, i)] = free[d] - (0.0 if kind == "F" else tail[i])
                 nxt[d] += 1
                 remaining -= 1
                 progressed = True
@@ -376,16 +387,19 @@ def one_f_one_b_time(p: int, fwd: list, bwd: list, handoff_s: float = 0.0) -> fl
     return max(free)
 
 
-def interleaved_time(p: int, v: int, fwd: dict, bwd: dict, handoff_s: float = 0.0) -> float:
+def interleaved_time(p: int, v: int, fwd: dict, bwd: dict, handoff_s: float = 0.0,
+                     bwd_tail: dict | None = None) -> float:
     """End of the last backward of an interleaved 1F1B step (Megatron-LM's order,
     :func:`helpers.pipeline_schedule.op_orders`) on ``p`` ranks of ``v`` chunks: the forward of
     micro-batch i through chunk c takes ``fwd[(c, i)]`` on every rank and its backward ``bwd[(c, i)]``;
     an op starts when its rank is free and its input has arrived (:func:`helpers.pipeline_schedule.dependencies`:
     the previous virtual stage's forward, the next one's backward, the last stage's own forward),
-    ``handoff_s`` after the op it depends on when that ran on another rank."""
+    ``handoff_s`` after the op it depends on when that ran on another rank; ``bwd_tail[(c, i)]``: the
+    last seconds of a backward, after its input gradient has left (as :func:`one_f_one_b_time`)."""
     from ..pipeline_schedule import dependencies, op_orders
 
-    if set(fwd) != set(bwd) or len(fwd) % v:
+    tail = dict.fromkeys(bwd, 0.0) if bwd_tail is None else bwd_tail
+    if set(fwd) != set(bwd) or set(tail) != set(bwd) or len(fwd) % v:
         raise ValueError("one forward and one backward time per chunk and micro-batch")
     m = len(fwd) // v
     orders = op_orders("interleaved", p, m, v)
@@ -401,7 +415,8 @@ def interleaved_time(p: int, v: int, fwd: dict, bwd: dict, handoff_s: float = 0.
                     break
                 ready = max((done[dep] + (handoff_s if dep[1] != d else 0.0) for dep in deps), default=0.0)
                 start = max(free[d], ready)
-                free[d] = done[(kind, d, c, i)] = start + (fwd if kind == "F" else bwd)[(c, i)]
+                free[d] = start + (fwd if kind == "F" else bwd)[(c, i)]
+                done[(kind, d, c, i)] = free[d] - (0.0 if kind == "F" else tail[(c, i)])
                 nxt[d] += 1
                 remaining -= 1
                 progressed = True
@@ -487,7 +502,7 @@ def step_time(step, device: str = "h100_sxm", *, network: str | None = None, dev
         return s
 
     parts = dict.fromkeys(("compute", "exposed TP", "exposed CP", "exposed DP", "bubble", "PP hand-off"), 0.0)
-    dp_total, fwd, bwd, outside = 0.0, {}, {}, 0.0
+    dp_total, fwd, bwd, tails, outside = 0.0, {}, {}, {}, 0.0
     handoff, sends = 0.0, 0
     for ph in step.timing:
         c = compute_of(ph)
@@ -508,8 +523,12 @@ def step_time(step, device: str = "h100_sxm", *, network: str | None = None, dev
             else:
                 crit["tp"] += each * calls
                 notes.append(f"collectives on axis {axis!r} counted as exposed")
+        tail = 0.0
         if ph["kind"] in ("F", "B"):
-            dp_exp = sum(exposed_overlapped(n, each, c) for n, each in streams.values())
+            exposed = {kind: exposed_overlapped(n, each, c) for kind, (n, each) in streams.items()}
+            dp_exp = sum(exposed.values())
+            if ph["kind"] == "B":  # the reductions end the backward, after its input gradient has left
+                tail = dp_exp - exposed.get("all_gather", 0.0)
         else:
             dp_exp = sum(n * each for n, each in streams.values())
         parts["compute"] += c
@@ -519,6 +538,8 @@ def step_time(step, device: str = "h100_sxm", *, network: str | None = None, dev
         t = c + crit["tp"] + crit["cp"] + dp_exp
         if ph["kind"] in ("F", "B"):
             (fwd if ph["kind"] == "F" else bwd)[(ph.get("c", 0), ph["i"])] = t
+            if ph["kind"] == "B":
+                tails[(ph.get("c", 0), ph["i"])] = tail
         else:
             outside += t
     v = lay.v
@@ -530,11 +551,12 @@ def step_time(step, device: str = "h100_sxm", *, network: str | None = None, dev
     busy = sum(fwd.values()) + sum(bwd.values())
     if v == 1:
         fwd, bwd = [fwd[0, i] for i in range(len(fwd))], [bwd[0, i] for i in range(len(bwd))]
-        free_handoffs = one_f_one_b_time(p, fwd, bwd, 0.0)
-        timeline = one_f_one_b_time(p, fwd, bwd, h)
+        tails = [tails[0, i] for i in range(len(bwd))]
+        free_handoffs = one_f_one_b_time(p, fwd, bwd, 0.0, tails)
+        timeline = one_f_one_b_time(p, fwd, bwd, h, tails)
     else:
-        free_handoffs = interleaved_time(p, v, fwd, bwd, 0.0)
-        timeline = interleaved_time(p, v, fwd, bwd, h)
+        free_handoffs = interleaved_time(p, v, fwd, bwd, 0.0, tails)
+        timeline = interleaved_time(p, v, fwd, bwd, h, tails)
     parts["bubble"] = free_handoffs - busy
     parts["PP hand-off"] = timeline - free_handoffs
     total = timeline + outside
