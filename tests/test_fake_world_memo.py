@@ -21,7 +21,7 @@ def _stand_in(model, layout, stages, plan, options, timing=True, progress=None):
     """What a trace returns, made up at once from the plan (these tests are about what is traced and
     what is kept, not about the figures; the first test traces for real)."""
     zero = {"total": plan.layers, "parameters": plan.micro_batches}
-    return {"coords": {"dp": 0}, "layer_counts": (plan.layers,), "memory": zero, "held": zero, "comm": [],
+    return {"coords": {"dp": 0}, "layer_counts": (plan.layers,), "warmups": plan.warmups[:1], "memory": zero, "held": zero, "comm": [],
             "flops": float(plan.passes), "per_layer": None, "per_layer_comm": None, "timing": None,
             "reserve": {"peak_reserved": 1}}
 

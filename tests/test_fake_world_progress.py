@@ -30,7 +30,7 @@ def test_progress_names_each_trace_micro_batch_direction_and_layer_and_changes_n
         steps = [(int(p[4]), p[6]) for p in parsed if int(p[1]) == t and p[4]]
         # every traced micro-batch, forward then its backward, in order, each named when it starts
         assert list(dict.fromkeys(steps)) == [(1, "forward"), (1, "backward"), (2, "forward"), (2, "backward")]
-    # layers are named (throttled to one line per 0.2 s, so at least the stage's start and one layer)
+    # layers are named (the first of each pass at once, the others throttled to one line per 0.2 s)
     assert any(p[7] is not None and p[6] == "forward" for p in parsed)
     assert any(p[7] is not None and p[6] == "backward" for p in parsed)
 

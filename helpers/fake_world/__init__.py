@@ -49,9 +49,12 @@ peak on a line at 2, 3 and 4 layers put 80 layers at 83.90 GB, the parts 84.03 G
 model cut to 10 layers and traced whole holds 16.17 GB, the phase's line said 16.04 and the parts'
 say 16.17; ``tests/test_fake_world.py`` checks a small case against a full trace). Of a long run of steady 1F1B
 iterations (or of gradient-accumulation micro-batches without a pipeline) three are traced; the
-others repeat the second one's communication and FLOPs. The 1F1B warm-up (stage s of PP holds
-PP - s micro-batches at the peak) is traced whole: extrapolating it from shorter warm-ups was exact
-on small models and 0.8% low on Llama 3 405B's first stage. The peak reserved is not on a line in
+others repeat the second one's communication and FLOPs. A long 1F1B warm-up (stage s of PP holds
+PP - s micro-batches at the peak) is traced as warm-ups of 1, 2 and 3 and scaled the same way in
+the micro-batches in flight (checked on a line, the window moved up if not), where that costs less
+than tracing it whole: Llama 3 405B's first stage (PP 16, 7 layers, a warm-up of 15) in 126 layer
+passes instead of 224, exact against its whole trace part by part. (Before the parts, the phases'
+peaks were 0.8% low there, and the warm-up was traced whole.) The peak reserved is not on a line in
 the layers (it jumps with each segment the allocator takes): the scaled peak plus the largest
 margin the traced layer counts showed (``_reserve_at``: within 5% of full traces measured). The
 other extrapolations are exact when each phase's peak stays at the same point of the schedule;
@@ -340,14 +343,19 @@ def plan_trace(model, layout, stages, rank, m, trace_layers, extrapolate: bool =
         return TracePlan(s, n, (n,), (w,), m - w, m, 2 * n * m)
     k = trace_layers
     counts = (n,) if k is None or k + 2 >= n else (k, k + 1, k + 2)
-    # the 1F1B warm-up is traced whole: a shorter one extrapolated in the micro-batches in flight
-    # was exact on small models but 0.8-2.5% low on Llama 3 405B's first stage (the backward
-    # phase's peak does not grow linearly from warm-ups of 1-3 to 15)
-    warms = (w,)
     steady = min(m - w, 3)
-    passes = 2 * sum(c * (w + steady) for c in counts)
-    traces = len(counts)
-    if extrapolate != "always" and passes + PASSES_PER_TRACE * (traces - 1) >= 2 * n * m:
+    # a long 1F1B warm-up may be traced as warm-ups of 1, 2 and 3 and scaled in the micro-batches in
+    # flight (each part's peak is on a line in them: Llama 3 405B's first stage, PP 16, traced with
+    # warm-ups of 1 to 3 and 15; tests/test_fake_world.py checks a small one against a full trace):
+    # the cheapest of these plans is taken, each trace's own cost counted ("always": the most scaled)
+    options = [(counts, (w,))]
+    if w >= 4:
+        options += [(counts, (1, 2, 3))] + ([((n,), (1, 2, 3))] if counts != (n,) else [])
+    cost = lambda opt: (2 * sum(c * (v + steady) for c in opt[0] for v in opt[1])
+                        + PASSES_PER_TRACE * (len(opt[0]) * len(opt[1]) - 1))
+    counts, warms = options[1 if w >= 4 else 0] if extrapolate == "always" else min(options, key=cost)
+    passes = 2 * sum(c * (v + steady) for c in counts for v in warms)
+    if extrapolate != "always" and cost((counts, warms)) >= 2 * n * m:
         return TracePlan(s, n, (n,), (w,), m - w, m, 2 * n * m)  # extrapolating would not be cheaper
     return TracePlan(s, n, counts, warms, steady, m, passes)
 
@@ -442,7 +450,7 @@ def _comm_line(ca, cb, x0, x):
     return out
 
 
-def _reserve_at(peak: int, traced: list, segments: int) -> dict:
+def _reserve_at(peak: int, traced: list, segments: int, margins: dict | None = None) -> dict:
     """The caching allocator's figures at the stage's layer count, from its requested ``peak``
     (extrapolated) and the replays of the ``traced`` layer counts: the peak plus the largest margin
     any of them showed (``peak_allocated - peak_requested``: block rounding and unsplit remainders;
@@ -457,8 +465,14 @@ def _reserve_at(peak: int, traced: list, segments: int) -> dict:
     0.19 GiB per layer (12.1-12.5 GiB at 2-4 layers, 16.9 GiB at 32). Against full traces the
     reserve came out 1.2-3.5% high and 2.3% low on five small models
     (tests/test_fake_world_allocator.py bounds it by 4%), 0.9% high for that 70B (70.6 against
-    69.9 GiB) and 4.8% low for that 8B (81.8 against 85.9 GiB)."""
-    margin = lambda key: max(r[key] - r["peak_requested"] for r in traced)
+    69.9 GiB) and 4.8% low for that 8B (81.8 against 85.9 GiB).
+
+    In the micro-batches of a 1F1B warm-up the margins do grow on a line (each micro-batch in flight
+    brings as many segments: Llama 3 405B's first stage, warm-ups of 1, 2, 3: 6,159,075,072,
+    6,318,860,032, 6,478,644,992 bytes reserved over requested, 159,784,960 apart; put on their line,
+    the 8K layout's reserve at 15 is its full trace's 141.64 GB, where the largest margin said
+    139.73): ``margins`` gives them, extrapolated by the caller, where they were on their line."""
+    margin = lambda key: margins[key] if margins else max(r[key] - r["peak_requested"] for r in traced)
     return {"peak_allocated": peak + margin("peak_allocated"), "peak_requested": peak,
             "peak_reserved": peak + margin("peak_reserved"), "segments": segments}
 
@@ -510,7 +524,9 @@ def _run_plan(model, layout, stages, plan, options, timing=True, progress=None):
 
     if len(counts) == 3:
         counts = settle(counts, lambda c: run(c, warms[0]), plan.layers, "layers")
-    k = counts[0]
+    k, w = counts[0], _warm(layout, plan.stage, plan.micro_batches)
+    if len(warms) == 3:
+        warms = settle(warms, lambda v: run(counts[-1], v), w, "warm-up micro-batches")
 
     phase_line = lambda a, b, x0, x: {ph: {c: _line(a[ph][c], b[ph][c], x0, x) for c in a[ph]} for ph in a}
 
@@ -525,18 +541,44 @@ def _run_plan(model, layout, stages, plan, options, timing=True, progress=None):
                 "coords": a["coords"],
                 "timing": a["timing"] and timing_.line(a["timing"], b["timing"], k, n)}
 
+    def warm_margins():
+        """The allocator's margins (reserved and allocated over requested; the largest over the traced
+        layer counts) on their line in the warm-up's micro-batches, where the three traced warm-ups
+        put them on one; else None (the largest margin of every trace, :func:`_reserve_at`)."""
+        out = {}
+        for key in ("peak_allocated", "peak_reserved"):
+            at_v = [max(run(c, v)["reserve"][key] - run(c, v)["reserve"]["peak_requested"] for c in counts)
+                    for v in (warms[0] - 1, warms[0], warms[1])]
+            if at_v[1] - at_v[0] != at_v[2] - at_v[1]:
+                return None
+            out[key] = _line(at_v[1], at_v[2], warms[0], w)
+        return out
+
+    def segments(v, n):
+        if len(counts) == 1:
+            return run(counts[0], v)["reserve"]["segments"]
+        return _line(*(run(c, v)["reserve"]["segments"] for c in counts), k, n)
+
     def at(n):
         out = in_layers(warms[0], n)
+        if len(warms) == 2:  # and on a line in the warm-up's micro-batches (the step's held state is theirs)
+            hi, x0 = in_layers(warms[1], n), warms[0]
+            out = {"phases": phase_line(out["phases"], hi["phases"], x0, w), "held": out["held"],
+                   "comm": _comm_line(out["comm"], hi["comm"], x0, w), "flops": _line(out["flops"], hi["flops"], x0, w),
+                   "coords": out["coords"], "timing": hi["timing"] and timing_.with_warmup(hi["timing"], w)}
         # the step's peak: the largest of its parts' peaks, each extrapolated on its own line
         out["memory"] = max(out["phases"].values(), key=lambda snap: snap["total"])
-        if len(counts) == 2:  # what the allocator adds to the extrapolated peak (_reserve_at)
-            seg = _line(*(run(c, warms[0])["reserve"]["segments"] for c in counts), counts[0], n)
-            out["reserve"] = _reserve_at(out["memory"]["total"], [r["reserve"] for r in runs.values()], seg)
+        if len(counts) == 2 or len(warms) == 2:  # what the allocator adds to the extrapolated peak (_reserve_at)
+            seg, margins = segments(warms[0], n), None
+            if len(warms) == 2:
+                seg = _line(seg, segments(warms[1], n), warms[0], w)
+                margins = warm_margins()
+            out["reserve"] = _reserve_at(out["memory"]["total"], [r["reserve"] for r in runs.values()], seg, margins)
         return out
 
     out = at(plan.layers)
     out["per_layer"], out["per_layer_comm"] = None, None
-    out["layer_counts"] = tuple(counts)
+    out["layer_counts"], out["warmups"] = tuple(counts), tuple(warms)
     if len(counts) == 2:
         below = at(plan.layers - 1)
         out["per_layer"] = {c: out["memory"][c] - below["memory"][c] for c in below["memory"]}
@@ -641,10 +683,17 @@ def simulate(model: Model, layout: Layout, *, rank: int = 0, world_size: int | N
                      f"rank's {plan.v} chunks ({list(plan.chunk_layers)} layers), the others as many fewer (the peak on "
                      f"a line from {res['layer_counts'][0]}); figures scaled to the chunks' layers, per_layer: one more "
                      "layer in every chunk")
-    if len(res["layer_counts"]) == 2:
+    w = _warm(layout, plan.stage, m)
+    if len(res["warmups"]) == 2:
+        notes.append(f"traced 1F1B warm-ups of {res['warmups'][0] - 1} to {res['warmups'][1]} micro-batches (each part's "
+                     f"peak on a line from {res['warmups'][0]}); scaled to the stage's {w}")
+    if len(res["layer_counts"]) == 2 and len(res["warmups"]) == 1:
         notes.append("peak reserved: the scaled peak plus the largest margin (reserve over the peak) of the traced "
                      "layer counts, not scaled (within 5% of full traces measured; see _reserve_at)")
-    mts = {plan.traced_micro_batches(v) for v in plan.warmups}
+    elif len(res["warmups"]) == 2:
+        notes.append("peak reserved: the scaled peak plus the margin (reserve over the peak) of the traced warm-ups on "
+                     "its line in them where the three were on one, else their largest (see _reserve_at)")
+    mts = {plan.traced_micro_batches(max(res["warmups"]))}
     steady = m * layout.v - _warm(layout, plan.stage, m)
     if plan.steady < steady and layout.v == 1:
         notes.append(f"traced {plan.steady} of {steady} steady 1F1B iterations; the others added from a measured one")

@@ -7,8 +7,9 @@ measures (the fake world's figures are the same with and without it: tests/test_
 and hands ``report`` a line such as
 ``trace 2 of 3 (3 of the stage's 80 layers): micro-batch 2 of the 3 traced, forward, layer 1``.
 
-``report`` is called at every change of micro-batch or of direction (forward, backward) and, for
-layers, at most every ``every_s`` seconds (a 70B trace passes a layer in about 50 ms).
+``report`` is called at every change of micro-batch or of direction (forward, backward), at the
+first layer of each, and for the layers after it at most every ``every_s`` seconds (a 70B trace
+passes a layer in about 50 ms).
 """
 from __future__ import annotations
 
@@ -38,14 +39,17 @@ def reporting(report, prefix: str, micro_batches: int, every_s: float = 0.2):
 
     from .llama_model import Stage
 
-    state = {"layers": {}, "fwd": 0, "bwd": 0, "last": 0.0, "key": None}
+    state = {"layers": {}, "fwd": 0, "bwd": 0, "last": 0.0, "key": None, "named": None}
 
     def say(direction, i, layer, force=False):
         now = time.perf_counter()
         key = (direction, i)
-        if not force and key == state["key"] and now - state["last"] < every_s:
+        first_layer = layer is not None and state["named"] != key  # the first layer of a pass: at once
+        if not force and not first_layer and key == state["key"] and now - state["last"] < every_s:
             return
         state["key"], state["last"] = key, now
+        if layer is not None:
+            state["named"] = key
         where = f", layer {layer}" if layer is not None else ""
         report(f"{prefix}: micro-batch {i} of the {micro_batches} traced, {direction}{where}")
 

@@ -169,6 +169,25 @@ def repeat_phases(phases: list, a: int, b: int, extra: int) -> list:
     return renumbered
 
 
+def with_warmup(phases: list, warm: int) -> list:
+    """The phases of a 1F1B trace whose warm-up held ``v >= 2`` micro-batches, as the same step with
+    a warm-up of ``warm``: a warm-up forward (the second: the first also gathers the weights) and a
+    cool-down backward (the last but one: the last also reduces the gradients) repeated ``warm - v``
+    more times each; micro-batches renumbered in order. :func:`helpers.fake_world.simulate` traces a
+    long warm-up (stage 0 of Llama 3's PP 16 holds 15 micro-batches) as warm-ups of 1 to 3."""
+    fwd = [j for j, p in enumerate(phases) if p["kind"] == "F"]
+    bwd = [j for j, p in enumerate(phases) if p["kind"] == "B"]
+    first_b = bwd[0]
+    v = sum(1 for j in fwd if j < first_b) - 1  # forwards before the first backward: the warm-up and one steady
+    if v < 2 or warm < v:
+        raise ValueError(f"a trace with a warm-up of {v} micro-batches cannot stand for one of {warm} (needs 2 <= v <= warm)")
+    out = repeat_phases(phases, fwd[1], fwd[2], warm - v)
+    bwd = [j for j, p in enumerate(out) if p["kind"] == "B"]
+    out = repeat_phases(out, bwd[-2], bwd[-1], warm - v)
+    # the optimizer step and the end are numbered by the step's micro-batches
+    return [p if p["kind"] in ("F", "B", "start") else {**p, "i": p["i"] + warm - v} for p in out]
+
+
 def line(pa: list, pb: list, x0: int, x: int) -> list:
     """Phases of a stage of ``x`` layers on the line through traces of ``x0`` (``pa``) and
     ``x0 + 1`` (``pb``) layers: every count and byte figure extrapolated, key by key."""
