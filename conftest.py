@@ -28,6 +28,8 @@
   :mod:`helpers.fake_world.memo` answers a ``simulate`` call made before in the run from there
   (12.4.1's chapter cases are traced by nbval's kernel and the browser test's, 12.1.1's by nbval's
   and the student edition's).
+* **Kernels over Unix sockets.** nbval's kernels (and the student-edition tests', through
+  :mod:`helpers.course.nbexec`) use IPC transport: no TCP port for another process to take first.
 * ``WORKBOOK_TEST_TIMELINE=FILE`` appends one JSON line per test (worker, id, start, end, in
   seconds since the epoch) for profiling the suite's schedule; ``benchmarks/suite_timeline.py``
   reads it.
@@ -101,8 +103,19 @@ def changed_paths(before: dict, after: dict) -> list[str]:
     return sorted(p for p in before.keys() | after.keys() if before.get(p) != after.get(p))
 
 
+def _nbval_kernels_over_ipc():
+    """nbval's kernels talk over Unix sockets, not TCP ports (helpers.course.nbexec: a port taken
+    between jupyter_client's choice and the kernel's bind killed an nbval kernel at its start)."""
+    import nbval.kernel
+
+    from helpers.course.nbexec import BlockingKernelManager
+
+    nbval.kernel.KernelManager = BlockingKernelManager
+
+
 def pytest_configure(config):
     global _xdist_controller
+    _nbval_kernels_over_ipc()
     _xdist_controller = _is_controller(config) and bool(getattr(config.option, "numprocesses", None))
     if _is_controller(config):
         config._checkout_before = checkout_snapshot()

@@ -67,3 +67,33 @@ def test_the_kernel_manager_hands_out_the_channel():
     kc = km.client()
     assert kc.shell_channel_class is nbexec.Channel and kc.control_channel_class is nbexec.Channel
     assert isinstance(kc, nbexec.KernelClient)
+
+
+def test_kernels_talk_over_unix_sockets_in_a_private_folder():
+    """No TCP port to race for (the module docstring): the kernel's channels are socket files under
+    this process's private folder while it runs, and are gone when it is shut down."""
+    import os
+
+    km = nbexec.BlockingKernelManager(kernel_name="python3")
+    km.start_kernel()
+    try:
+        kc = km.client()
+        kc.start_channels()
+        kc.wait_for_ready(timeout=60)
+        reply = kc.execute_interactive("x = 6 * 7", timeout=60)
+        assert reply["content"]["status"] == "ok"
+        info = km.get_connection_info()
+        assert info["transport"] == "ipc" and os.path.dirname(info["ip"]) == nbexec._FOLDER[0]
+        sockets = [f"{info['ip']}-{info[k]}" for k in ("shell_port", "iopub_port", "stdin_port", "hb_port",
+                                                      "control_port")]
+        assert all(os.path.exists(s) for s in sockets)
+        kc.stop_channels()
+    finally:
+        km.shutdown_kernel(now=True)
+    assert not any(os.path.exists(s) for s in sockets)
+
+
+def test_nbval_starts_its_kernels_with_them():
+    import nbval.kernel
+
+    assert nbval.kernel.KernelManager is nbexec.BlockingKernelManager

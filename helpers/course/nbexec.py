@@ -20,14 +20,51 @@ asyncio socket after every send, which makes zmq.asyncio schedule the reply's de
 ``NotebookClient(nb, kernel_manager_class=KernelManager)`` or
 ``jupyter nbconvert --execute --ExecutePreprocessor.kernel_manager_class=helpers.course.nbexec.KernelManager``.
 (nbval runs its kernel through a blocking client, whose polls are level-triggered: not affected.)
+
+**No TCP ports to race for.** jupyter_client picks a kernel's five TCP ports by binding port 0 and
+closing it; the kernel binds them a moment later. Another process may take one in between: a
+suite run's launches open TCPStores and gloo connections on ephemeral ports all the time, and once
+an nbval kernel died before it could answer ("Kernel died before replying to kernel_info"; 29 cells
+of 12.1.1 errored). These kernel managers talk to their kernels over Unix sockets in a private
+temporary folder instead (``transport="ipc"``): :class:`KernelManager` (nbclient's, for
+``./workbook refresh`` and the student-edition tests) and :class:`BlockingKernelManager` (the root
+conftest.py gives it to nbval).
 """
 from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import tempfile
+import uuid
 
 import zmq
 from jupyter_client.asynchronous import AsyncKernelClient
 from jupyter_client.channels import AsyncZMQSocketChannel
 from jupyter_client.manager import AsyncKernelManager
+from jupyter_client.manager import KernelManager as _BlockingKernelManager
 from traitlets import DottedObjectName, Type
+
+_FOLDER: list = []  # the private folder of this process's kernel sockets, made on first use
+
+
+def ipc_prefix() -> str:
+    """A fresh path prefix for one kernel's sockets (``prefix-<n>``, one per channel) in a folder of
+    this process's own, removed when it exits."""
+    if not _FOLDER:
+        _FOLDER.append(tempfile.mkdtemp(prefix="workbook-kernels-"))
+        atexit.register(shutil.rmtree, _FOLDER[0], True)
+    return os.path.join(_FOLDER[0], uuid.uuid4().hex[:12])
+
+
+class _OverIPC:
+    """A kernel manager whose kernel listens on Unix sockets under :func:`ipc_prefix` (module docstring)."""
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("transport", "ipc")
+        if kwargs["transport"] == "ipc":
+            kwargs.setdefault("ip", ipc_prefix())
+        super().__init__(**kwargs)
 
 
 class Channel(AsyncZMQSocketChannel):
@@ -48,8 +85,12 @@ class KernelClient(AsyncKernelClient):
     stdin_channel_class = Type(Channel)
 
 
-class KernelManager(AsyncKernelManager):
-    """nbclient's usual kernel manager, handing out :class:`KernelClient`."""
+class KernelManager(_OverIPC, AsyncKernelManager):
+    """nbclient's usual kernel manager, handing out :class:`KernelClient`, its kernel over IPC."""
 
     client_class = DottedObjectName("helpers.course.nbexec.KernelClient")
     client_factory = Type(KernelClient)  # AsyncKernelManager fixes this one too, not only the name
+
+
+class BlockingKernelManager(_OverIPC, _BlockingKernelManager):
+    """jupyter_client's blocking kernel manager (nbval's), its kernel over IPC."""
