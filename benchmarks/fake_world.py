@@ -26,6 +26,9 @@ Prints one `name: value` line per figure:
   published_memory_nearest_*     the same over the nearest-recipe points (compile, Float8: not traced)
   step_time <case>               fake_world.step_time on H100: step s, MFU, breakdown, the planner's step s
                                  and its relative gap, and the planner's told PyTorch's recipe (FP32 gradients)
+  compute_efficiency <case>      the model FLOPs of rank 0's step over (H100 peak x the trace's compute seconds):
+                                 the share of peak the trace's compute model gives, beside the planner's fixed one;
+                                 compute_efficiency_range over the cases
   timing_overhead                simulate with timing=True over timing=False (12.4.1 70B case; goal <= 1.20)
   published_mfu_within_15pct     k/n published runs (helpers.published.throughput_runs, where it exists) whose MFU
   published_mfu_max_rel_err      the step-time model gives within 15%; the largest relative error; every run
@@ -126,6 +129,14 @@ def main():
             worst, worst_key = err, key
         steps[key] = fake_world.step_time(s)
     print(f"planner_vs_fake_max_rel_err: {worst:.3f}  ({worst_key})")
+    effs = []
+    for key, st in steps.items():
+        case = cases[key]
+        flops = case.model.flops_per_token() * case.global_batch * case.model.seq_len / case.layout.devices
+        effs.append(flops / (989e12 * st.breakdown["compute"]))
+        print(f"compute_efficiency {key}: the trace's compute at {effs[-1]:.2f} of peak (model FLOPs; the planner "
+              f"assumes {_planner_efficiency():.2f})")
+    print(f"compute_efficiency_range: {min(effs):.2f} to {max(effs):.2f}, median {sorted(effs)[len(effs) // 2]:.2f}")
     for key, st in steps.items():
         recipe = _planner_recipe_step(cases[key], st)
         print(f"step_time {key}: {st.step_s:.2f} s, MFU {st.mfu:.3f}, " + ", ".join(
@@ -142,6 +153,13 @@ def main():
     published()
     published_memory()
     explorer()
+
+
+def _planner_efficiency() -> float:
+    """The share of peak the planner's compute time assumes (data/hardware.json's modelling.efficiency)."""
+    from helpers.planner import h100_cluster
+
+    return h100_cluster(8).efficiency
 
 
 def _planner_recipe_step(case, st) -> float:
