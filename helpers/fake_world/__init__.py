@@ -300,7 +300,8 @@ def _warm(layout, stage_index, m):
 @dataclass(frozen=True)
 class TracePlan:
     """What :func:`simulate` will trace for one rank: its stage, the stage's layers, the layer
-    counts traced, the 1F1B warm-up lengths traced (one: the stage's own, traced whole), the
+    counts traced, the 1F1B warm-up lengths traced (the stage's own, traced whole, or 1, 2 and 3,
+    scaled: :func:`plan_trace`), the
     steady 1F1B iterations traced (of ``micro_batches - warm-up``), and the layer passes (forward
     or backward of one layer for one micro-batch) all the traces cost together.
 
@@ -351,10 +352,10 @@ def plan_trace(model, layout, stages, rank, m, trace_layers, extrapolate: bool =
     options = [(counts, (w,))]
     if w >= 4:
         options += [(counts, (1, 2, 3))] + ([((n,), (1, 2, 3))] if counts != (n,) else [])
-    cost = lambda opt: (2 * sum(c * (v + steady) for c in opt[0] for v in opt[1])
-                        + PASSES_PER_TRACE * (len(opt[0]) * len(opt[1]) - 1))
+    passes_of = lambda opt: 2 * sum(c * (v + steady) for c in opt[0] for v in opt[1])
+    cost = lambda opt: passes_of(opt) + PASSES_PER_TRACE * (len(opt[0]) * len(opt[1]) - 1)
     counts, warms = options[1 if w >= 4 else 0] if extrapolate == "always" else min(options, key=cost)
-    passes = 2 * sum(c * (v + steady) for c in counts for v in warms)
+    passes = passes_of((counts, warms))
     if extrapolate != "always" and cost((counts, warms)) >= 2 * n * m:
         return TracePlan(s, n, (n,), (w,), m - w, m, 2 * n * m)  # extrapolating would not be cheaper
     return TracePlan(s, n, counts, warms, steady, m, passes)
