@@ -253,6 +253,26 @@ MUTATIONS = [
       "first = (\"F\", *interleaved_unit(layout.pp, plan.v, rnd + warm, True))",
       "first = (\"F\", *interleaved_unit(layout.pp, plan.v, warm, True))", "tests/test_fake_world_interleaved.py",
       "interleaved steady rounds extrapolated from the first, which holds each chunk's first backwards"),
+    # fake world: the parts of a phase never split (the peak of a whole phase put on one line, issue 26's 83.90 GB)
+    M("fake-step-parts-never-split", "helpers/fake_world/step.py",
+      "if b is not None and id(module) in b[first_or_last]:", "if b is None and id(module) in b[first_or_last]:",
+      "tests/test_fake_world.py -k moves_within",
+      "a phase's peak that moves from one part to another beyond the traced layers is put on the wrong line"),
+    # fake world: a long warm-up scaled by copying the first forward (the one that gathers the weights)
+    M("timing-warmup-copies-first-forward", "helpers/fake_world/timing.py",
+      "out = repeat_phases(phases, fwd[1], fwd[2], warm - v)", "out = repeat_phases(phases, fwd[0], fwd[1], warm - v)",
+      "tests/test_fake_world.py -k long_warm",
+      "a scaled 1F1B warm-up's op trace repeats the forward that also gathers the weights"),
+    # step time: a backward's gradient reduction on the hand-off path (the drain replays the last backward's sync)
+    M("timing-tail-on-the-handoff", "helpers/fake_world/timing.py",
+      'done[(kind, d, c, i)] = free[d] - (0.0 if kind == "F" else tail[(c, i)])', "done[(kind, d, c, i)] = free[d]",
+      "tests/test_fake_world_timing.py -k 'holds_its_own or does_not_grow'",
+      "the previous stage waits for a backward's gradient sync before it gets the input gradient"),
+    # the suite's memo of traces: a key without the optimizer's implementation (foreach answered as for-loop)
+    M("memo-key-without-optimizer", "helpers/fake_world/__init__.py",
+      "reshard_after_forward, checkpoint_every, loss_dtype, optimizer, timing)",
+      "reshard_after_forward, checkpoint_every, loss_dtype, timing)", "tests/test_fake_world_memo.py",
+      "a memo entry answers a call with another AdamW implementation"),
     # step time, interleaved: a hand-off counted between ops on the same rank (the last stage's B after its own F)
     M("timing-interleaved-handoff-same-rank", "helpers/fake_world/timing.py",
       "ready = max((done[dep] + (handoff_s if dep[1] != d else 0.0) for dep in deps)",

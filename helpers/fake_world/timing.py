@@ -374,36 +374,14 @@ def one_f_one_b_time(p: int, fwd: list, bwd: list, handoff_s: float = 0.0, bwd_t
     a backward likewise after the next stage's backward (the last stage's after its own forward).
     ``bwd_tail[i]``: the last seconds of ``bwd[i]`` that come after its input gradient has left for
     the previous stage (its gradients' reduction: module docstring), which hold its own stage only."""
-    from ..pipeline_schedule import one_f_one_b
-
     m = len(fwd)
     tail = [0.0] * m if bwd_tail is None else list(bwd_tail)
     if len(bwd) != m or len(tail) != m:
         raise ValueError("one forward and one backward time per micro-batch")
     if p == 1:
         return sum(fwd) + sum(bwd)
-    orders = [one_f_one_b(p, m, d) for d in range(p)]
-    done = {}
-    nxt, free = [0] * p, [0.0] * p
-    remaining = sum(len(o) for o in orders)
-    while remaining:
-        progressed = False
-        for d in range(p):
-            while nxt[d] < len(orders[d]):
-                kind, _, i = orders[d][nxt[d]]
-                dep = (("F", d - 1, i) if d > 0 else None) if kind == "F" else (("B", d + 1, i) if d < p - 1 else ("F", d, i))
-                if dep is not None and dep not in done:
-                    break
-                ready = 0.0 if dep is None else done[dep] + (handoff_s if dep[1] != d else 0.0)
-                start = max(free[d], ready)
-                free[d] = start + (fwd[i] if kind == "F" else bwd[i])
-                done[(kind, d, i)] = free[d] - (0.0 if kind == "F" else tail[i])
-                nxt[d] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:  # pragma: no cover - 1F1B's orders never deadlock
-            raise RuntimeError("the 1F1B timeline deadlocked")
-    return max(free)
+    as_chunk0 = lambda xs: {(0, i): x for i, x in enumerate(xs)}
+    return _timeline("1f1b", p, 1, as_chunk0(fwd), as_chunk0(bwd), handoff_s, as_chunk0(tail))
 
 
 def interleaved_time(p: int, v: int, fwd: dict, bwd: dict, handoff_s: float = 0.0,
@@ -415,13 +393,21 @@ def interleaved_time(p: int, v: int, fwd: dict, bwd: dict, handoff_s: float = 0.
     the previous virtual stage's forward, the next one's backward, the last stage's own forward),
     ``handoff_s`` after the op it depends on when that ran on another rank; ``bwd_tail[(c, i)]``: the
     last seconds of a backward, after its input gradient has left (as :func:`one_f_one_b_time`)."""
-    from ..pipeline_schedule import dependencies, op_orders
-
     tail = dict.fromkeys(bwd, 0.0) if bwd_tail is None else bwd_tail
     if set(fwd) != set(bwd) or set(tail) != set(bwd) or len(fwd) % v:
         raise ValueError("one forward and one backward time per chunk and micro-batch")
-    m = len(fwd) // v
-    orders = op_orders("interleaved", p, m, v)
+    return _timeline("interleaved", p, v, fwd, bwd, handoff_s, tail)
+
+
+def _timeline(schedule: str, p: int, v: int, fwd: dict, bwd: dict, handoff_s: float, tail: dict) -> float:
+    """The end of the last op of ``schedule``'s orders (:func:`helpers.pipeline_schedule.op_orders`)
+    on ``p`` ranks, every rank taking the times ``fwd[(c, i)]`` and ``bwd[(c, i)]``: each op starts
+    when its rank is free and what it depends on (:func:`helpers.pipeline_schedule.dependencies`)
+    has ended, ``handoff_s`` later when that ran on another rank; a backward's input gradient
+    leaves ``tail[(c, i)]`` before its end."""
+    from ..pipeline_schedule import dependencies, op_orders
+
+    orders = op_orders(schedule, p, len(fwd) // v, v)
     done, nxt, free = {}, [0] * p, [0.0] * p
     remaining = sum(len(o) for o in orders)
     while remaining:
@@ -439,8 +425,8 @@ def interleaved_time(p: int, v: int, fwd: dict, bwd: dict, handoff_s: float = 0.
                 nxt[d] += 1
                 remaining -= 1
                 progressed = True
-        if not progressed:  # pragma: no cover - the interleaved orders never deadlock
-            raise RuntimeError("the interleaved 1F1B timeline deadlocked")
+        if not progressed:  # pragma: no cover - 1F1B's and the interleaved orders never deadlock
+            raise RuntimeError(f"the {schedule} timeline deadlocked")
     return max(free)
 
 
