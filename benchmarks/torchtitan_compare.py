@@ -82,7 +82,9 @@ NOT_RUN = {
         "its BlockMask is made by a torch.compile'd create_block_mask and attention runs a torch.compile'd "
         "flex_attention: inductor's compiled CPU kernel dereferences the FakeTensors' data pointers "
         "(\"Accessing the data pointer of FakeTensor is deprecated\", then a segmentation fault in "
-        "create_block_mask); attn_backend=varlen needs CUDA. Run instead: torchtitan's own "
+        "create_block_mask). attn_backend=varlen: its document metadata (create_varlen_metadata_for_document) "
+        "calls nonzero, whose output shape depends on the values: \"DynamicOutputShapeException: "
+        "aten.nonzero.default\" under FakeTensorMode. Run instead: torchtitan's own "
         "ScaledDotProductAttention module as every layer's inner_attention (is_causal=True: one document per "
         "sequence, the same attention as block-causal masks of one document; F.scaled_dot_product_attention "
         "under sdpa_kernel([CUDNN, FLASH, MATH]) -> the CPU flash kernel, as ours)",
@@ -258,7 +260,7 @@ def _cuda_norm(on: bool):
     """With ``on``: torchtitan's RMSNorm (``nn.RMSNorm``) keeps for backward what it keeps on a GPU. On
     CUDA ``rms_norm`` runs the fused kernel (``_fused_rms_norm``: the input and the FP32 reciprocal RMS
     kept); on the CPU, which fake tensors run on, it is decomposed and keeps two FP32 copies of the input
-    (8 bytes per element more). Ours models the CUDA kernel (``llama_model._RMSNormFunction``): the same
+    instead of the input (6 bytes per element more). Ours models the CUDA kernel (``llama_model._RMSNormFunction``): the same
     function stands in for it here (patched on the class before the model is built and parallelised)."""
     if not on:
         yield
@@ -602,7 +604,7 @@ def compare(case: str, ours: dict, tt: dict) -> None:
     print(f"wall {case}: ours {ours['wall_s']:.1f} s, torchtitan {tt['wall_s']:.1f} s")
 
 
-def explain(case: str, model, seq: int, tp: int, ac: str, ours: dict, tt: dict, tt_cuda: dict) -> None:
+def explain(case: str, model, seq: int, dp: int, tp: int, ac: str, ours: dict, tt: dict, tt_cuda: dict) -> None:
     """Each measured gap against the mechanism that accounts for it, in bytes (or FLOPs), from the dims."""
     h, v, hd, kv, heads, ffn, L = model.hidden, model.vocab, model.hd, model.kv, model.heads, model.ffn, model.layers
     s_local = seq // tp  # sequence parallelism: norms and residuals on s / TP positions
@@ -630,6 +632,20 @@ def explain(case: str, model, seq: int, tp: int, ac: str, ours: dict, tt: dict, 
     print(f"explained {case} activations with the CUDA norm: ours - torchtitan = {mib(got)}; predicted {mib(pred)} "
           f"(ours computes RoPE's BF16 cos and sin tables, s x hd each, once per forward and keeps them, "
           f"{mib(2 * seq * hd * 2)}; torchtitan's complex freqs are views of its buffer{extra})")
+    (ca, ba), (cb, bb) = ours["comm"].get(("all_gather", dp), (0, 0)), tt["comm"].get(("all_gather", dp), (0, 0))
+    print(f"explained {case} all_gather g{dp}: torchtitan - ours = {cb - ca} calls, {mib(bb - ba)}; predicted 3 "
+          f"calls, {mib(v * h * 2 // tp + block)} (its embedding and [norm, lm_head] gathered apart in forward; the "
+          f"embedding and the last block gathered again for backward)")
+    if tp > 1 and ac == "full":
+        (ca, ba), (cb, bb) = ours["comm"].get(("reduce_scatter", tp), (0, 0)), tt["comm"].get(("reduce_scatter", tp), (0, 0))
+        print(f"explained {case} reduce_scatter g{tp}: torchtitan - ours = {cb - ca} calls, {mib(bb - ba)}; predicted "
+              f"{L} calls, {mib(L * seq * h * 2)} (w2's sequence-parallel reduce-scatter, recomputed by its "
+              f"early_stop=False recompute)")
+    if tp > 1:
+        ca, cb = ours["comm"].get(("all_reduce", tp), (0, 0))[0], tt["comm"].get(("all_reduce", tp), (0, 0))[0]
+        print(f"explained {case} all_reduce g{tp}: ours {ca}, torchtitan {cb} calls; predicted {3 + 2 * L + 1} and "
+              f"{3 + 2 * L + 2} (the loss-parallel cross-entropy's 3, the {2 * L + 1} norm weights' gradients, "
+              f"Partial over TP under sequence parallelism; torchtitan's clip_grad_norm_ one more)")
     got = tt["flops"] - ours["flops"]
     if ac == "none":
         pred, why = 0, "the same matmuls and attention"
@@ -711,7 +727,7 @@ def main() -> int:
             a, b = ours["peak"][c], tt_cuda["peak"][c]
             print(f"memory_cuda_norm {case} {c}: ours {a / GIB:.3f} GiB, torchtitan with its RMSNorm keeping what the "
                   f"CUDA kernel keeps {b / GIB:.3f} GiB, torchtitan/ours {_ratio(a, b)}")
-        explain(case, model, seq, tp, ac, ours, tt, tt_cuda)
+        explain(case, model, seq, dp, tp, ac, ours, tt, tt_cuda)
         sys.stdout.flush()
     if "--quick" not in sys.argv:
         reshard_policies(seq)
