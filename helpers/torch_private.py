@@ -90,7 +90,7 @@ API: tuple[Private, ...] = (
             "fake_step.memtracker_class", ("ADD", "SIZE", "REF")),
     Private("TOTAL_KEY", f"{_MEM}:_TOTAL_KEY", "the key of a snapshot's total ('Total')", "fake_step.memtracker_class"),
     Private("MemRefType", f"{_MEM}:_MemRefType", "the categories MemTracker counts a tensor under",
-            "fake_step.memtracker_class", ("OPT", "TEMP", "ACT", "GRAD")),
+            "fake_step.memtracker_class", ("OPT", "TEMP", "ACT", "GRAD", "PARAM")),
     Private("ModState", f"{_MEM}:_ModState", "the per-module states MemTracker keeps peaks for",
             "fake_step.memtracker_class", ("PEAK_FW", "PEAK_BW")),
     Private("FlopCounterDispatchMode", "torch.utils.flop_counter:_FlopCounterMode",
@@ -290,25 +290,42 @@ def set_unshard_async_op(module, async_op: bool) -> None:
     _member(module, "FSDPModule", "_set_unshard_async_op")(async_op)
 
 
+def _fsdp_param_groups(module):
+    """Every FSDP2 unit (``FSDPParamGroup``) of the ``fully_shard`` / ``replicate`` modules in ``module``."""
+    FSDPModule = get("FSDPModule")
+    for mod in module.modules():
+        if isinstance(mod, FSDPModule):
+            state = _member(mod, "FSDPModule", "_get_fsdp_state")()
+            yield from _member(state, "FSDPState", "_fsdp_param_groups")
+
+
 def fsdp_gradient_buffers(module) -> list:
     """Every gradient buffer FSDP2 holds for the ``fully_shard`` / ``replicate`` units in ``module``
     besides the parameters' ``.grad``: each parameter's FP32 gradient accumulated over micro-batches
     without a reduction (``FSDPParam.unsharded_accumulated_grad``), the unsharded parameter's own
     ``.grad``, and replicate's gradient accumulated after its reduction (``_partial_reduce_output``)
     (fake_step files them under gradients)."""
-    FSDPModule = get("FSDPModule")
     out = []
-    for mod in module.modules():
-        if not isinstance(mod, FSDPModule):
-            continue
-        state = _member(mod, "FSDPModule", "_get_fsdp_state")()
-        for group in _member(state, "FSDPState", "_fsdp_param_groups"):
-            for fp in _member(group, "FSDPParamGroup", "fsdp_params"):
-                out.append(_member(fp, "FSDPParam", "unsharded_accumulated_grad"))
-                unsharded = getattr(fp, "_unsharded_param", None)  # absent until the first all-gather
-                out.append(None if unsharded is None else unsharded.grad)
-            out.append(_member(group, "FSDPParamGroup", "_partial_reduce_output"))
+    for group in _fsdp_param_groups(module):
+        for fp in _member(group, "FSDPParamGroup", "fsdp_params"):
+            out.append(_member(fp, "FSDPParam", "unsharded_accumulated_grad"))
+            unsharded = getattr(fp, "_unsharded_param", None)  # absent until the first all-gather
+            out.append(None if unsharded is None else unsharded.grad)
+        out.append(_member(group, "FSDPParamGroup", "_partial_reduce_output"))
     return [t for t in out if t is not None]
+
+
+def fsdp_unsharded_params(module) -> list:
+    """FSDP2's unsharded (gathered) parameter of every parameter of the units in ``module``
+    (``FSDPParam._unsharded_param``, absent until its first all-gather; its storage resized to 0
+    while resharded) (fake_step files them under parameters)."""
+    out = []
+    for group in _fsdp_param_groups(module):
+        for fp in _member(group, "FSDPParamGroup", "fsdp_params"):
+            unsharded = getattr(fp, "_unsharded_param", None)
+            if unsharded is not None:
+                out.append(unsharded)
+    return out
 
 
 def adam_init_state(opt) -> None:

@@ -5,6 +5,7 @@ import sys
 from dataclasses import replace
 
 import pytest
+import torch
 import torch.distributed as dist
 
 from helpers import fake_step
@@ -168,6 +169,36 @@ def test_a_long_warm_up_scaled_from_warm_ups_of_1_to_3_equals_its_whole_trace():
             [(p["kind"], p["i"], p["ops"], p["mem"], p["comm"]) for p in full.timing]
         assert fw.step_time(part).step_s == fw.step_time(full).step_s
         assert part.micro_batches_traced < full.micro_batches_traced
+
+
+def test_a_units_gathered_weights_are_parameters_also_when_its_own_module_holds_them():
+    """FSDP2 gathers a unit's weights in its pre-forward hook, after MemTracker's global hook on the
+    unit's own module has filed that module's (still sharded) parameters: an embedding wrapped on its
+    own (torchtitan's) left its gathered weight under activations. file_gathered_weights moves it."""
+    import torch.nn as nn
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from helpers.torch_private import FakeTensorMode
+
+    with fw.fake_world(2):
+        mesh = init_device_mesh("cpu", (2,))
+        with torch.device("meta"):
+            emb = nn.Embedding(1024, 64)
+        fully_shard(emb, mesh=mesh, reshard_after_forward=False)
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            emb.to_empty(device="cpu")
+            tracker = fake_step.memtracker_class()()
+            tracker.track_external(emb)
+            with tracker:
+                y = emb(torch.randint(0, 1024, (2, 8)))  # noqa: F841 (kept: an activation)
+                before = fake_step._categories(tracker.get_tracker_snapshot("current"))
+                tracker.file_gathered_weights(emb)
+                after = fake_step._categories(tracker.get_tracker_snapshot("current"))
+    gathered, out = 1024 * 64 * 4, 2 * 8 * 64 * 4  # the whole FP32 weight; the looked-up rows
+    assert before["activations"] >= gathered + out  # the defect, as it was
+    assert after["activations"] == before["activations"] - gathered
+    assert after["parameters"] == before["parameters"] + gathered and after["total"] == before["total"]
 
 
 def test_bad_layouts_are_refused_before_tracing():

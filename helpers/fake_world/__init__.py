@@ -605,7 +605,8 @@ def simulate(model: Model, layout: Layout, *, rank: int = 0, world_size: int | N
     (and, under ZeRO-1, accumulated) in, FP32 by default as in torchtitan, "bfloat16" as the
     chapters assume; ``reshard_after_forward``: ZeRO-3's policy, which ``fully_shard`` units keep
     their weights from forward to backward (:data:`helpers.fake_world.step.RESHARD_POLICIES`; the
-    default keeps the root and the last block, as FSDP2 and torchtitan do; "always" reshards every
+    default keeps the root and the last block, as torchtitan did until July 2025 (its 0.3.0 wraps the
+    embedding apart and keeps only the final norm and head: benchmarks/torchtitan_compare.py); "always" reshards every
     unit; refused under ZeRO 0-2, which reshard none); ``checkpoint_every=k`` with
     ``recompute="selective"``: per-layer selective recomputation, every k-th block of the stage
     checkpointed (the k-th, 2k-th, ...: torchtitan's ``selective_ac_option="k"``);
